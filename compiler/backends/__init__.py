@@ -1,0 +1,50 @@
+"""Backends by name. Each backend is its own package; this maps names to them.
+
+Packages are imported on first use, so a backend whose dependencies are heavy
+costs nothing until it is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.ir.errors import UserInputError
+
+_REGISTRY = {
+    "portable": "compiler.backends.portable:PortableBackend",
+    "xnnpack": "compiler.backends.xnnpack:XnnpackBackend",
+}
+
+
+def available() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) -> Backend:
+    """The backend object for a name (built with `options`) or a ready backend object."""
+    if isinstance(backend, Backend):
+        if options:
+            raise UserInputError(
+                "backend_options were given with a backend object",
+                hint="build the backend object with those options instead",
+            )
+        return backend
+    if not isinstance(backend, str) or backend not in _REGISTRY:
+        raise UserInputError(
+            f"unknown backend {backend!r}",
+            hint=f"use one of: {', '.join(_REGISTRY)}, or pass a compiler.backends.Backend object",
+        )
+    module_name, class_name = _REGISTRY[backend].split(":")
+    backend_class = getattr(importlib.import_module(module_name), class_name)
+    try:
+        return backend_class(**dict(options or {}))
+    except TypeError as exc:
+        raise UserInputError(
+            f"backend {backend!r} does not take these options: {exc}",
+            hint=f"see the option names of {class_name}",
+        ) from exc
+
+
+__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "resolve"]

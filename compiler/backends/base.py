@@ -1,0 +1,49 @@
+"""The interface every backend implements; stages talk only to this."""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable, ClassVar, Mapping
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+
+from executorch.exir.backend.partitioner import DelegationSpec
+
+
+@attrs.frozen
+class KeepWhole:
+    """Ops the backend wants kept whole (not decomposed) when going to Edge.
+
+    `node_filter`, when set, narrows the request to the nodes it accepts, like
+    the `check_op_support` function ExecuTorch partitioners return.
+    """
+
+    ops: frozenset[torch._ops.OpOverload] = frozenset()
+    node_filter: Callable[[torch.fx.Node], bool] | None = None
+
+
+@attrs.frozen
+class BackendPartition:
+    """What a backend's partition search decided for a program it tagged in place."""
+
+    partitions: Mapping[str, DelegationSpec]
+    # Node name -> why the backend left it on the CPU (nodes absent get a default reason).
+    cpu_reasons: Mapping[str, str] = attrs.field(factory=dict)
+
+
+class Backend(abc.ABC):
+    """A compilation target: which ops it keeps whole, and what it takes."""
+
+    name: ClassVar[str]
+
+    def keep_whole(self, program: ExportedProgram) -> KeepWhole:
+        return KeepWhole()
+
+    @abc.abstractmethod
+    def partition(self, program: ExportedProgram) -> BackendPartition:
+        """Tag the nodes this backend takes (node.meta['delegation_tag']) in place."""
+
+    def default_cpu_reason(self, node: torch.fx.Node) -> str:
+        return f"the {self.name} backend does not support this op"

@@ -1,0 +1,71 @@
+"""The XNNPACK backend: ExecuTorch's XNNPACK delegate, which the pip runtime includes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+import torch
+from torch.export import ExportedProgram
+
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir.backend.canonical_partitioners.config_partitioner import format_target_name
+from executorch.exir.backend.utils import WhyNoPartition
+
+from compiler.backends.base import Backend, BackendPartition, KeepWhole
+
+_XNNPACK_LOGGER = "executorch.backends.xnnpack"
+
+
+class _WhyCollector(logging.Handler):
+    """Keeps the reasons XNNPACK's partitioner configs log for nodes they refuse."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reasons: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        why = record.msg
+        if isinstance(why, WhyNoPartition) and why.node is not None:
+            self.reasons.setdefault(why.node.name, why.reason)
+
+
+@contextlib.contextmanager
+def _collect_refusals() -> Iterator[_WhyCollector]:
+    logger = logging.getLogger(_XNNPACK_LOGGER)
+    collector = _WhyCollector()
+    saved = (logger.level, logger.propagate)
+    logger.addHandler(collector)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # the debug records are for us, not the user's console
+    try:
+        yield collector
+    finally:
+        logger.removeHandler(collector)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+class XnnpackBackend(Backend):
+    """Options are those of `XnnpackPartitioner` (configs, config_precisions, per_op_mode, ...)."""
+
+    name = "xnnpack"
+
+    def __init__(self, **partitioner_options) -> None:
+        self.partitioner = XnnpackPartitioner(**partitioner_options)
+
+    def keep_whole(self, program: ExportedProgram) -> KeepWhole:
+        ops, node_filter = self.partitioner.ops_to_not_decompose(program)
+        return KeepWhole(frozenset(ops), node_filter)
+
+    def partition(self, program: ExportedProgram) -> BackendPartition:
+        with _collect_refusals() as collector:
+            result = self.partitioner.partition(program)
+        return BackendPartition(dict(result.partition_tags), collector.reasons)
+
+    def default_cpu_reason(self, node: torch.fx.Node) -> str:
+        target = format_target_name(getattr(node.target, "__name__", str(node.target)))
+        if target in self.partitioner.target_partitioner_configs:
+            return f"XNNPACK's {target} config refused this node (dtype, shape or arguments)"
+        return f"XNNPACK does not support {target}"

@@ -1,0 +1,117 @@
+"""Builds a pipeline of typed stages and runs it with instruments around each stage.
+
+The loop is IREE's: skip the stages before the resume point, run each stage
+between before/after hooks, return at `stop_after`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import attrs
+
+from compiler.backends.base import Backend
+from compiler.instruments import Instrument, Timing, VerifyEach
+from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
+from compiler.ir.report import Report, StageRecord
+from compiler.stages.base import Stage, StageContext
+
+
+@attrs.frozen
+class PipelineRun:
+    result: Any  # the artifact of the last stage that ran
+    report: Report
+    artifacts: Mapping[str, Any]  # stage name -> the artifact it returned
+
+
+class Pipeline:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        for first, second in zip(stages, stages[1:]):
+            if not issubclass(first.returns, second.takes):
+                raise PipelineError(
+                    f"stage {first.name!r} returns {first.returns.__name__} but the next stage "
+                    f"{second.name!r} takes {second.takes.__name__}",
+                    hint="order the stages so each one takes what the previous returns",
+                )
+        self.stages = tuple(stages)
+        self.names = tuple(s.name for s in stages)
+
+    def run(
+        self,
+        artifact: Any,
+        backend: Backend,
+        instruments: Sequence[Instrument] = (),
+        *,
+        start_after: str | None = None,
+        stop_after: str | None = None,
+        timing: Timing | None = None,
+        verify: VerifyEach | None = None,
+    ) -> PipelineRun:
+        start = self.names.index(start_after) + 1 if start_after else 0
+        stop = self.names.index(stop_after) if stop_after else len(self.stages) - 1
+        if start > stop or start >= len(self.stages):
+            raise ResumeError(
+                f"nothing to run: resuming after {start_after!r} and stopping after {stop_after!r}",
+                hint="stop after a later stage, or resume from an earlier stage file",
+            )
+        first = self.stages[start]
+        if not isinstance(artifact, first.takes):
+            raise ResumeError(
+                f"stage {first.name!r} takes {first.takes.__name__}, got {type(artifact).__name__}",
+                stage=first.name,
+                hint="resume from a stage file written by the stage before it",
+            )
+
+        records: list[StageRecord] = []
+        artifacts: dict[str, Any] = {}
+        for stage in self.stages[start : stop + 1]:
+            ctx = StageContext(backend)
+            output = self._run_stage(stage, artifact, ctx, instruments)
+            before, after = artifact_stats(artifact), artifact_stats(output)
+            records.append(
+                StageRecord(
+                    stage=stage.name,
+                    seconds=timing.seconds.get(stage.name, 0.0) if timing else 0.0,
+                    verify_seconds=verify.seconds.get(stage.name, 0.0) if verify else 0.0,
+                    nodes_in=before.nodes if before else None,
+                    nodes_out=after.nodes if after else None,
+                    delegates=after.delegates if after else None,
+                    cpu_ops=after.cpu_ops if after else None,
+                    metrics=dict(ctx.metrics),
+                )
+            )
+            artifacts[stage.name] = output
+            artifact = output
+
+        plan = getattr(artifact, "plan", None)
+        report = Report(tuple(records), plan.summary() if plan else ())
+        return PipelineRun(artifact, report, artifacts)
+
+    @staticmethod
+    def _run_stage(stage: Stage, artifact: Any, ctx: StageContext, instruments: Sequence[Instrument]) -> Any:
+        try:
+            for instrument in instruments:
+                instrument.before_stage(stage.name, artifact)
+            output = stage.run(artifact, ctx)
+            for instrument in reversed(instruments):
+                instrument.after_stage(stage.name, artifact, output)
+            return output
+        except CompileError as error:
+            error.stage = error.stage or stage.name
+            failure = error
+        except Exception as exc:
+            failure = StageFailure(
+                f"stage {stage.name!r} failed: {type(exc).__name__}: {exc}",
+                stage=stage.name,
+                hint="run with --traceback (or look at __cause__) for where it failed; "
+                "report it with the saved stage input",
+            )
+            failure.__cause__ = exc
+        for instrument in reversed(instruments):
+            instrument.on_failure(stage.name, artifact, failure)
+        raise failure
+
+
+def artifact_stats(artifact: Any):
+    stats = getattr(artifact, "stats", None)
+    return stats() if stats else None

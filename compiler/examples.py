@@ -1,0 +1,214 @@
+"""Built-in example models: small, random weights, built in code.
+
+Each factory returns `(module, example_inputs)`; keyword arguments (from the
+CLI as `name:key=value,...`) change their size.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import inspect
+import os
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from compiler.ir.errors import UserInputError
+
+
+class MLP(nn.Module):
+    def __init__(self, features: int = 32, hidden: int = 64, layers: int = 3) -> None:
+        super().__init__()
+        dims = [features] + [hidden] * (layers - 1) + [features]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x):
+        for layer in self.layers[:-1]:
+            x = torch.relu(layer(x))
+        return self.layers[-1](x)
+
+
+class ConvNet(nn.Module):
+    def __init__(self, channels: int = 8, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, channels * 2, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(channels * 2, classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: LayerNorm, qkv Linear, SDPA, out Linear, GELU MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        attn = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.out(attn.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, depth: int = 2, dim: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(depth)))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        return self.norm(self.blocks(x))
+
+
+class SharedBuffer(nn.Module):
+    """Reads one registered buffer in ops a delegate takes and in ops that stay on the CPU."""
+
+    def __init__(self, features: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(features, features)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, features))
+
+    def forward(self, x):
+        y = self.proj(x) * self.scale  # a delegate takes the mul
+        return torch.cumsum(y, dim=-1) + self.scale.cumsum(0)  # cumsum stays on the CPU
+
+
+def _seeded(factory: Callable) -> Callable:
+    """Same weights and inputs on every call, so a resumed run can be checked against eager."""
+
+    @functools.wraps(factory)
+    def make(*args, **kwargs):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            return factory(*args, **kwargs)
+
+    return make
+
+
+@_seeded
+def mlp(features: int = 32, hidden: int = 64, layers: int = 3, batch: int = 4):
+    """MLP of Linear + ReLU layers."""
+    return MLP(features, hidden, layers).eval(), (torch.randn(batch, features),)
+
+
+@_seeded
+def convnet(channels: int = 8, size: int = 32, batch: int = 1):
+    """Small conv net: Conv2d, BatchNorm, ReLU, MaxPool, AdaptiveAvgPool, Linear."""
+    return ConvNet(channels).eval(), (torch.randn(batch, 3, size, size),)
+
+
+@_seeded
+def transformer(depth: int = 2, dim: int = 64, heads: int = 4, seq: int = 16, batch: int = 1):
+    """Pre-norm transformer block stack (LayerNorm, qkv Linear, SDPA, out Linear, GELU MLP)."""
+    return Transformer(depth, dim, heads).eval(), (torch.randn(batch, seq, dim),)
+
+
+@_seeded
+def shared_buffer(features: int = 16, batch: int = 2):
+    """A registered buffer read both by delegated ops and by ops on the CPU."""
+    return SharedBuffer(features).eval(), (torch.randn(batch, features),)
+
+
+EXAMPLES: dict[str, Callable] = {
+    "mlp": mlp,
+    "convnet": convnet,
+    "transformer": transformer,
+    "shared_buffer": shared_buffer,
+}
+
+
+def describe(name: str) -> str:
+    factory = EXAMPLES[name]
+    params = inspect.signature(factory).parameters.values()
+    defaults = ", ".join(f"{p.name}={p.default}" for p in params)
+    return f"{factory.__doc__.strip()} [{defaults}]"
+
+
+def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
+    """`name[:key=value,...]` for a built-in example, or `path/to/file.py:factory`.
+
+    A factory returns `(module, example_inputs)` or `(module, example_inputs, dynamic_shapes)`.
+    """
+    head, _, tail = spec.partition(":")
+    if head.endswith(".py") or os.sep in head:
+        factory = _factory_from_file(head, tail, spec)
+        kwargs: dict[str, Any] = {}
+    elif head in EXAMPLES:
+        factory, kwargs = EXAMPLES[head], _parse_kwargs(tail, spec)
+    else:
+        raise UserInputError(
+            f"MODEL {spec!r} is neither a built-in example nor path/to/file.py:factory",
+            hint=f"built-in examples: {', '.join(EXAMPLES)} (see `python -m compiler examples`)",
+        )
+    try:
+        made = factory(**kwargs)
+    except Exception as exc:
+        raise UserInputError(
+            f"the model factory for {spec!r} failed: {type(exc).__name__}: {exc}",
+            hint="check the factory's arguments and that it runs on its own",
+        ) from exc
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise UserInputError(
+            f"the model factory for {spec!r} returned {type(made).__name__}",
+            hint="return (module, example_inputs) or (module, example_inputs, dynamic_shapes)",
+        )
+    module, inputs, *rest = made
+    return module, inputs, rest[0] if rest else None
+
+
+def _parse_kwargs(text: str, spec: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UserInputError(f"cannot read {item!r} in MODEL {spec!r}", hint="write name:key=value,key=value")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = value.strip()
+    return kwargs
+
+
+def _factory_from_file(path: str, name: str, spec: str) -> Callable:
+    if not os.path.isfile(path):
+        raise UserInputError(f"MODEL file {path!r} does not exist", hint="give path/to/file.py:factory")
+    if not name:
+        raise UserInputError(
+            f"MODEL {spec!r} names no factory", hint="give path/to/file.py:factory, a function in that file"
+        )
+    module_spec = importlib.util.spec_from_file_location(f"_compiler_model_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UserInputError(
+            f"importing {path!r} failed: {type(exc).__name__}: {exc}",
+            hint="run the file with python to see the error",
+        ) from exc
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise UserInputError(
+            f"{path!r} has no function {name!r}",
+            hint=f"functions there: {', '.join(n for n, v in vars(module).items() if inspect.isfunction(v))}",
+        )
+    return factory

@@ -1,0 +1,173 @@
+"""The typed artifacts that flow between stages.
+
+Each type knows its dialect and names the invariants that must hold for it;
+the driver checks them after every stage that returns one (verify-each).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+
+from compiler.ir import invariants as inv
+from compiler.ir.dialect import ATEN, EDGE
+from compiler.ir.graph import delegate_calls, graph_text, op_nodes
+from compiler.ir.placement import PlacementPlan
+
+
+@attrs.frozen
+class ProgramStats:
+    nodes: int
+    delegates: int | None = None
+    cpu_ops: int | None = None
+
+
+@attrs.frozen
+class EagerModel:
+    """What the user gave: the module, example inputs and dynamic shapes."""
+
+    module: torch.nn.Module
+    example_inputs: tuple
+    dynamic_shapes: Any = None
+
+    dialect: ClassVar[str] = "eager"
+    invariants: ClassVar[tuple] = ()
+
+    def stats(self) -> ProgramStats | None:
+        return None
+
+    def graph_text(self) -> str:
+        return repr(self.module)
+
+
+@attrs.frozen
+class AtenProgram:
+    """A captured program in the ATen dialect (before decomposition)."""
+
+    program: ExportedProgram
+
+    dialect: ClassVar[str] = ATEN
+    invariants: ClassVar[tuple] = (
+        inv.program_validates,
+        inv.aten_ops_only,
+        inv.constants_listed_once,
+    )
+
+    def stats(self) -> ProgramStats:
+        return ProgramStats(nodes=sum(1 for _ in op_nodes(self.program)))
+
+    def graph_text(self) -> str:
+        return graph_text(self.program)
+
+
+@attrs.frozen
+class EdgeProgram:
+    """A program in the Edge dialect; `preserved_ops` were kept whole for the backend."""
+
+    program: ExportedProgram
+    preserved_ops: tuple[str, ...] = ()
+
+    dialect: ClassVar[str] = EDGE
+    invariants: ClassVar[tuple] = (
+        inv.program_validates,
+        inv.edge_ops_only,
+        inv.constants_listed_once,
+    )
+
+    def stats(self) -> ProgramStats:
+        return ProgramStats(nodes=sum(1 for _ in op_nodes(self.program)))
+
+    def graph_text(self) -> str:
+        return graph_text(self.program)
+
+
+@attrs.frozen
+class PartitionedProgram:
+    """An Edge program whose nodes carry delegation tags, with the plan that explains them."""
+
+    program: ExportedProgram
+    plan: PlacementPlan
+    preserved_ops: tuple[str, ...] = ()
+
+    dialect: ClassVar[str] = EDGE
+    invariants: ClassVar[tuple] = (
+        inv.program_validates,
+        inv.edge_ops_only,
+        inv.constants_listed_once,
+        inv.constant_tags_match_users,
+        inv.mutable_buffers_not_split,
+        inv.cpu_ops_have_kernels,
+    )
+
+    def stats(self) -> ProgramStats:
+        return ProgramStats(
+            nodes=len(self.plan.nodes),
+            delegates=len({p.tag for p in self.plan.delegated_nodes}),
+            cpu_ops=len(self.plan.cpu_nodes),
+        )
+
+    def graph_text(self) -> str:
+        return graph_text(self.program)
+
+
+@attrs.frozen
+class LoweredProgram:
+    """An Edge program whose delegated parts are backend payloads behind delegate calls."""
+
+    program: ExportedProgram
+    plan: PlacementPlan
+
+    dialect: ClassVar[str] = EDGE
+    invariants: ClassVar[tuple] = (
+        inv.program_validates,
+        inv.edge_ops_only,
+        inv.constants_listed_once,
+        inv.cpu_ops_have_kernels,
+    )
+
+    def stats(self) -> ProgramStats:
+        cpu = sum(1 for _ in op_nodes(self.program))
+        delegates = len(delegate_calls(self.program))
+        return ProgramStats(nodes=cpu + delegates, delegates=delegates, cpu_ops=cpu)
+
+    def graph_text(self) -> str:
+        return graph_text(self.program)
+
+
+@attrs.frozen
+class ExecutorchProgram:
+    """The emitted `.pte`: its bytes, the operators it calls and its delegate payloads."""
+
+    pte: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    operators: tuple[str, ...]
+    delegates: tuple[str, ...]
+    plan: PlacementPlan
+
+    dialect: ClassVar[str] = "executorch"
+    invariants: ClassVar[tuple] = (inv.pte_operators_registered,)
+
+    def stats(self) -> ProgramStats:
+        return ProgramStats(
+            nodes=len(self.operators) + len(self.delegates),
+            delegates=len(self.delegates),
+            cpu_ops=len(self.operators),
+        )
+
+    def graph_text(self) -> str:
+        lines = [f"# {len(self.pte)} bytes"]
+        lines += [f"operator {name}" for name in self.operators]
+        lines += [f"delegate {backend}" for backend in self.delegates]
+        return "\n".join(lines) + "\n"
+
+
+STAGE_ARTIFACT_TYPES = (
+    EagerModel,
+    AtenProgram,
+    EdgeProgram,
+    PartitionedProgram,
+    LoweredProgram,
+    ExecutorchProgram,
+)

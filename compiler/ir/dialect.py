@@ -1,0 +1,40 @@
+"""Which dialect an op target belongs to.
+
+ATen programs hold `torch._ops.OpOverload`s, Edge programs hold `EdgeOpOverload`s;
+both may hold higher-order ops, `operator.getitem` and symbolic-int helpers.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from executorch.exir.passes.executorch_prim_ops_registry import _EXECUTORCH_SYM_OPS
+
+ATEN = "aten"
+EDGE = "edge"
+
+# Targets that are legal in either dialect: tuple access, symbolic integer math.
+_NEUTRAL_TARGETS = frozenset([operator.getitem, *_EXECUTORCH_SYM_OPS])
+
+
+def op_dialect(target: Any) -> str | None:
+    """The dialect a call target pins a program to, or None if it fits any."""
+    if target in _NEUTRAL_TARGETS or isinstance(target, torch._ops.HigherOrderOperator):
+        return None
+    if isinstance(target, EdgeOpOverload):
+        return EDGE
+    if isinstance(target, torch._ops.OpOverload):
+        return ATEN
+    return None
+
+
+def op_name(target: Any) -> str:
+    """A short readable op name, the same for the ATen and the Edge spelling."""
+    if isinstance(target, EdgeOpOverload):
+        target = target._op
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))

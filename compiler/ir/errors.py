@@ -1,0 +1,78 @@
+"""The CompileError family: every failure a user can cause or meet, as a value.
+
+Each error carries the stage it happened in, what went wrong, the nodes involved
+and what to do next, so the CLI can render it once and tests can assert on it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+
+class CompileError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        stage: Optional[str] = None,
+        nodes: Iterable[str] = (),
+        hint: Optional[str] = None,
+    ):
+        self.reason = reason
+        self.stage = stage
+        self.nodes = tuple(nodes)
+        self.hint = hint
+        # Filled by the crash reproducer: where the failing stage's input was
+        # saved and the command that resumes from it.
+        self.reproducer_path: Optional[str] = None
+        self.resume_command: Optional[str] = None
+        super().__init__(reason)
+
+    def __str__(self) -> str:
+        where = f"[{self.stage}] " if self.stage else ""
+        lines = [f"{where}{self.reason}"]
+        if self.nodes:
+            shown = ", ".join(self.nodes[:10])
+            more = f" (+{len(self.nodes) - 10} more)" if len(self.nodes) > 10 else ""
+            lines.append(f"  nodes: {shown}{more}")
+        if self.hint:
+            lines.append(f"  what to do: {self.hint}")
+        if self.reproducer_path:
+            lines.append(f"  the stage input was saved to {self.reproducer_path}")
+        if self.resume_command:
+            lines.append(f"  resume with: {self.resume_command}")
+        return "\n".join(lines)
+
+
+class UserInputError(CompileError):
+    """The model, inputs, options or files the user gave cannot be used."""
+
+
+class CaptureError(CompileError):
+    """torch.export could not capture the module."""
+
+
+class PipelineError(CompileError):
+    """A pipeline was asked for that cannot run (stages that do not chain)."""
+
+
+class VerificationError(CompileError):
+    """A program broke an invariant of its artifact type after a stage."""
+
+    def __init__(self, invariant: str, reason: str, **kwargs):
+        self.invariant = invariant
+        super().__init__(f"invariant '{invariant}' violated: {reason}", **kwargs)
+
+
+class StageFailure(CompileError):
+    """A stage raised an unexpected exception; the original is chained."""
+
+
+class ResumeError(CompileError):
+    """A resume file is corrupt, from another version, or does not fit the pipeline."""
+
+
+class UnsupportedByRuntime(CompileError):
+    """The program cannot be run on this machine (e.g. a Core ML delegate)."""

@@ -1,0 +1,63 @@
+"""Small graph utilities shared by stages, verifiers and the report."""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Iterator
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, InputSpec
+
+from executorch.exir.delegate import executorch_call_delegate
+
+DELEGATION_TAG = "delegation_tag"
+
+CONSTANT_INPUT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+def call_nodes(ep: ExportedProgram) -> Iterator[torch.fx.Node]:
+    return (n for n in ep.graph.nodes if n.op == "call_function")
+
+
+def op_nodes(ep: ExportedProgram) -> Iterator[torch.fx.Node]:
+    """Call nodes that do work: not tuple access, not a delegate call."""
+    return (
+        n
+        for n in call_nodes(ep)
+        if n.target is not operator.getitem and n.target is not executorch_call_delegate
+    )
+
+
+def delegate_calls(ep: ExportedProgram) -> list[torch.fx.Node]:
+    return [n for n in call_nodes(ep) if n.target is executorch_call_delegate]
+
+
+def copy_program(ep: ExportedProgram) -> ExportedProgram:
+    """A copy whose graph can be changed freely; tensor data stays shared.
+
+    Stages that annotate or rewrite a graph work on such a copy so the artifact
+    they were given stays valid, without paying for a copy of the weights.
+    """
+    shared = {}
+    for value in list(ep.state_dict.values()) + list(ep.constants.values()):
+        shared[id(value)] = value
+    return copy.deepcopy(ep, memo=shared)
+
+
+def constant_placeholders(ep: ExportedProgram) -> dict[str, InputSpec]:
+    """Placeholder name -> its input spec, for parameters, buffers and lifted constants."""
+    return {
+        spec.arg.name: spec
+        for spec in ep.graph_signature.input_specs
+        if spec.kind in CONSTANT_INPUT_KINDS
+    }
+
+
+def mutated_buffer_targets(ep: ExportedProgram) -> set[str]:
+    return set(ep.graph_signature.buffers_to_mutate.values())
+
+
+def graph_text(ep: ExportedProgram) -> str:
+    return ep.graph_module.print_readable(print_output=False, include_stride=False, include_device=False)

@@ -1,0 +1,183 @@
+"""Invariants of the artifact types, each a small named check with a hint.
+
+A check returns None when the program is fine, or a `Violation` naming the
+nodes and the reason. `Invariant.verify` turns a violation into the
+`VerificationError` the driver reports with the stage name.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+import attrs
+
+from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
+from compiler.ir.errors import VerificationError
+from compiler.ir.graph import (
+    CONSTANT_INPUT_KINDS,
+    DELEGATION_TAG,
+    call_nodes,
+    constant_placeholders,
+    mutated_buffer_targets,
+)
+from compiler.ir.kernels import missing_kernel, registered_kernels
+
+
+@attrs.frozen
+class Violation:
+    reason: str
+    nodes: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Invariant:
+    name: str
+    hint: str
+    check: Callable[[Any], Violation | None]
+
+    def verify(self, artifact: Any, stage: str | None = None) -> None:
+        violation = self.check(artifact)
+        if violation is not None:
+            raise VerificationError(
+                self.name, violation.reason, stage=stage, nodes=violation.nodes, hint=self.hint
+            )
+
+
+def invariant(hint: str) -> Callable[[Callable[[Any], Violation | None]], Invariant]:
+    def wrap(check: Callable[[Any], Violation | None]) -> Invariant:
+        return Invariant(check.__name__, hint, check)
+
+    return wrap
+
+
+@invariant("this is a bug in the stage that produced the program; report it with the dumped input")
+def program_validates(artifact) -> Violation | None:
+    try:
+        artifact.program._validate()
+    except Exception as exc:  # the verifier raises several exception types
+        return Violation(f"the ExportedProgram verifier failed: {type(exc).__name__}: {exc}")
+    return None
+
+
+def _foreign_ops(artifact, dialect: str) -> Violation | None:
+    bad = [
+        n.name
+        for n in call_nodes(artifact.program)
+        if op_dialect(n.target) not in (None, dialect)
+    ]
+    if bad:
+        return Violation(f"a {dialect.upper()} program holds ops of another dialect", tuple(bad))
+    return None
+
+
+@invariant("a pass inserted an op of the wrong dialect; use the op overload of the program's dialect")
+def aten_ops_only(artifact) -> Violation | None:
+    return _foreign_ops(artifact, ATEN)
+
+
+@invariant("a pass inserted an op of the wrong dialect; use the Edge op (exir_ops.edge...)")
+def edge_ops_only(artifact) -> Violation | None:
+    return _foreign_ops(artifact, EDGE)
+
+
+@invariant("give each copy of a constant its own target (the split-constants stage does this)")
+def constants_listed_once(artifact) -> Violation | None:
+    ep = artifact.program
+    targets = collections.Counter(
+        spec.target for spec in ep.graph_signature.input_specs if spec.kind in CONSTANT_INPUT_KINDS
+    )
+    repeated = sorted(t for t, n in targets.items() if n > 1)
+    if repeated:
+        return Violation(
+            "constant/buffer targets listed more than once in the graph signature "
+            "(such a program cannot be unlifted)",
+            tuple(repeated),
+        )
+    missing = [
+        spec.target
+        for spec in ep.graph_signature.input_specs
+        if spec.kind in CONSTANT_INPUT_KINDS
+        and spec.target not in ep.state_dict
+        and spec.target not in ep.constants
+    ]
+    if missing:
+        return Violation("graph signature names constants that hold no data", tuple(missing))
+    return None
+
+
+@invariant("constants must be tagged like all their users; split shared constants per tag group")
+def constant_tags_match_users(artifact) -> Violation | None:
+    ep = artifact.program
+    constants = constant_placeholders(ep)
+    bad = []
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in constants:
+            continue
+        tag = node.meta.get(DELEGATION_TAG)
+        if tag is None:
+            continue
+        for user in node.users:
+            if user.meta.get(DELEGATION_TAG) != tag:
+                bad.append(
+                    f"{node.name} (tag {tag}) -> {user.name} (tag {user.meta.get(DELEGATION_TAG)})"
+                )
+    if bad:
+        return Violation("a constant is tagged for a delegate but read by a node with another tag", tuple(bad))
+    return None
+
+
+@invariant(
+    "a mutable buffer must live entirely in one delegate or on the CPU; "
+    "move the ops that use it together (for Core ML: take_over_mutable_buffer=False)"
+)
+def mutable_buffers_not_split(artifact) -> Violation | None:
+    ep = artifact.program
+    mutated = mutated_buffer_targets(ep)
+    if not mutated:
+        return None
+    # The ops that touch a buffer: those reading it, and the one producing its new value.
+    writers = {spec.target: spec.arg.name for spec in ep.graph_signature.output_specs if spec.target in mutated}
+    nodes = {n.name: n for n in ep.graph.nodes}
+    bad = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.target not in mutated:
+            continue
+        touching = list(nodes[spec.arg.name].users)
+        writer = nodes.get(writers.get(spec.target, ""))
+        if writer is not None and writer not in touching:
+            touching.append(writer)
+        touching = [n for n in touching if n.op == "call_function"]
+        where = {n.meta.get(DELEGATION_TAG) or "cpu" for n in touching}
+        if len(where) > 1:
+            bad += [f"{n.name} on {n.meta.get(DELEGATION_TAG) or 'cpu'}" for n in touching]
+    if bad:
+        return Violation("a mutable buffer is used both by a delegate and elsewhere", tuple(bad))
+    return None
+
+
+@invariant(
+    "the op stays on the CPU but the runtime has no kernel for it: let the backend "
+    "take it, or let it decompose (do not keep it whole)"
+)
+def cpu_ops_have_kernels(artifact) -> Violation | None:
+    ep = artifact.program
+    bad = []
+    for node in call_nodes(ep):
+        if node.meta.get(DELEGATION_TAG):
+            continue
+        kernel = missing_kernel(node.target)
+        if kernel:
+            bad.append(f"{node.name} ({op_name(node.target)} needs {kernel})")
+    if bad:
+        return Violation("ops left on the CPU have no kernel in the ExecuTorch runtime", tuple(bad))
+    return None
+
+
+@invariant("the program would fail to load; see the operators named and keep them off the CPU")
+def pte_operators_registered(artifact) -> Violation | None:
+    kernels = registered_kernels()
+    bad = [name for name in artifact.operators if name not in kernels]
+    if bad:
+        return Violation("the .pte calls operators the ExecuTorch runtime does not register", tuple(bad))
+    return None

@@ -1,0 +1,83 @@
+"""The compile report: per-stage timing and node counts, and the placement summary."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from compiler.ir.placement import OpSummary
+
+
+@attrs.frozen
+class StageRecord:
+    stage: str
+    seconds: float
+    verify_seconds: float = 0.0
+    nodes_in: int | None = None
+    nodes_out: int | None = None
+    delegates: int | None = None
+    cpu_ops: int | None = None
+    # What the stage itself reported (e.g. the fold stage's constants created).
+    metrics: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+@attrs.frozen
+class Report:
+    stages: tuple[StageRecord, ...] = ()
+    placement: tuple[OpSummary, ...] = ()
+
+    def stage(self, name: str) -> StageRecord:
+        for record in self.stages:
+            if record.stage == name:
+                return record
+        raise KeyError(f"no stage {name!r} in this report; ran: {[r.stage for r in self.stages]}")
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(r.seconds for r in self.stages)
+
+    def format_stages(self) -> str:
+        header = ["stage", "time s", "verify s", "nodes in", "nodes out", "delegates", "cpu ops", "notes"]
+        rows = [
+            [
+                r.stage,
+                _cell(r.seconds),
+                _cell(r.verify_seconds),
+                _cell(r.nodes_in),
+                _cell(r.nodes_out),
+                _cell(r.delegates),
+                _cell(r.cpu_ops),
+                ", ".join(f"{k}={_cell(v)}" for k, v in r.metrics.items()),
+            ]
+            for r in self.stages
+        ]
+        rows.append(["total", _cell(self.total_seconds), _cell(sum(r.verify_seconds for r in self.stages)), "", "", "", "", ""])
+        return _table(header, rows)
+
+    def format_placement(self) -> str:
+        header = ["op", "count", "runs on", "reason"]
+        rows = [[s.op, str(s.count), s.where, s.reason] for s in self.placement]
+        return _table(header, rows)
+
+    def to_json(self) -> dict:
+        return {
+            "stages": [attrs.asdict(r) for r in self.stages],
+            "placement": [attrs.asdict(s) for s in self.placement],
+        }

@@ -1,0 +1,118 @@
+"""Stage files: an artifact saved so a later run can resume after that stage.
+
+A stage file is ExecuTorch's serialized ExportedProgram (a zip) with one more
+member, a JSON manifest naming the artifact type, the stage that produced it,
+the backend, and what the graph alone cannot carry (the placement plan, the
+ops kept whole). Delegation tags live in node metadata, which serialization
+drops, so they are re-applied from the plan on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from typing import Any
+
+import attrs
+
+from executorch.exir.serde.serialize import load as load_program
+from executorch.exir.serde.serialize import save as save_program
+
+from compiler.ir.artifacts import (
+    AtenProgram,
+    EdgeProgram,
+    LoweredProgram,
+    PartitionedProgram,
+)
+from compiler.ir.errors import ResumeError
+from compiler.ir.graph import DELEGATION_TAG
+from compiler.ir.placement import PlacementPlan
+
+FORMAT_VERSION = 1
+MANIFEST = "compiler_manifest.json"
+SUFFIX = ".stage"
+
+RESUMABLE_TYPES = {t.__name__: t for t in (AtenProgram, EdgeProgram, PartitionedProgram, LoweredProgram)}
+
+
+@attrs.frozen
+class StageFile:
+    artifact: Any
+    stage: str  # the stage that produced the artifact; a resume continues after it
+    backend: str
+
+
+def can_save(artifact: Any) -> bool:
+    return type(artifact).__name__ in RESUMABLE_TYPES
+
+
+def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend: str) -> None:
+    manifest: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "artifact": type(artifact).__name__,
+        "stage": stage,
+        "backend": backend,
+    }
+    if hasattr(artifact, "preserved_ops"):
+        manifest["preserved_ops"] = list(artifact.preserved_ops)
+    if hasattr(artifact, "plan"):
+        manifest["plan"] = artifact.plan.to_json()
+    manifest["positional_args"] = {
+        n.name: len(n.args) for n in artifact.program.graph.nodes if n.op == "call_function"
+    }
+    save_program(artifact.program, os.fspath(path), extra_files={MANIFEST: json.dumps(manifest)})
+
+
+def load_stage_file(path: str | os.PathLike) -> StageFile:
+    path = os.fspath(path)
+    hint = "pass a .stage file written by --dump-dir or by the crash reproducer"
+    if not os.path.isfile(path):
+        raise ResumeError(f"resume file {path!r} does not exist", hint=hint)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+        if not any(name.endswith(MANIFEST) for name in names):
+            raise ResumeError(f"{path!r} is not a stage file of this compiler (no manifest)", hint=hint)
+        extra = {MANIFEST: ""}
+        program = load_program(path, extra_files=extra)
+        manifest = json.loads(extra[MANIFEST])
+    except ResumeError:
+        raise
+    except Exception as exc:  # zip, JSON and deserializer errors all mean "corrupt"
+        raise ResumeError(
+            f"resume file {path!r} is corrupt or from another version: {type(exc).__name__}: {exc}",
+            hint=hint,
+        ) from exc
+
+    if manifest.get("format") != FORMAT_VERSION or manifest.get("artifact") not in RESUMABLE_TYPES:
+        raise ResumeError(f"resume file {path!r} has an unknown format {manifest.get('format')!r}", hint=hint)
+    _restore_positional_args(program, manifest.get("positional_args", {}))
+    artifact_type = RESUMABLE_TYPES[manifest["artifact"]]
+    fields: dict[str, Any] = {"program": program}
+    if "preserved_ops" in manifest and "preserved_ops" in attrs.fields_dict(artifact_type):
+        fields["preserved_ops"] = tuple(manifest["preserved_ops"])
+    if "plan" in manifest:
+        plan = PlacementPlan.from_json(manifest["plan"])
+        tags = plan.tags()
+        for node in program.graph.nodes:
+            if node.name in tags:
+                node.meta[DELEGATION_TAG] = tags[node.name]
+        fields["plan"] = plan
+    return StageFile(artifact_type(**fields), manifest["stage"], manifest["backend"])
+
+
+def _restore_positional_args(program, positional: dict[str, int]) -> None:
+    """Give nodes back the positional arguments the deserializer turned into keywords.
+
+    Partitioners read arguments by position (XNNPACK reads linear's bias as
+    `node.args[2]`), so a resumed program must look exactly like the saved one.
+    """
+    for node in program.graph.nodes:
+        want = positional.get(node.name, len(node.args))
+        if len(node.args) >= want or not hasattr(node.target, "_schema"):
+            continue
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for argument in node.target._schema.arguments[len(args) : want]:
+            args.append(kwargs.pop(argument.name, argument.default_value))
+        node.args, node.kwargs = tuple(args), kwargs

@@ -1,0 +1,72 @@
+"""Running compiled programs on this machine, and comparing them with eager PyTorch."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+import torch
+from torch.utils import _pytree as pytree
+
+from compiler.ir.artifacts import ExecutorchProgram
+from compiler.ir.errors import UnsupportedByRuntime, UserInputError
+
+
+def _program(artifact: Any) -> ExecutorchProgram:
+    program = getattr(artifact, "program", artifact)
+    if not isinstance(program, ExecutorchProgram):
+        raise UserInputError(
+            f"cannot run a {type(artifact).__name__}: only emitted programs run",
+            hint="compile without stop_after to get an Artifact",
+        )
+    return program
+
+
+def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """Run an emitted program with `executorch.runtime`; returns its outputs flattened."""
+    from executorch.runtime import Runtime
+
+    program = _program(artifact)
+    runtime = Runtime.get()
+    missing = sorted({d for d in program.delegates if not runtime.backend_registry.is_available(d)})
+    if missing:
+        raise UnsupportedByRuntime(
+            f"the program holds delegates this machine's ExecuTorch runtime cannot run: {', '.join(missing)}",
+            hint="run it on a device with that backend (Core ML: macOS/iOS); "
+            f"this runtime has {', '.join(runtime.backend_registry.registered_backend_names)}",
+        )
+    method = runtime.load_program(program.pte).load_method("forward")
+    flat_inputs = [x for x in pytree.tree_leaves(tuple(inputs))]
+    return list(method.execute(flat_inputs))
+
+
+@attrs.frozen
+class CheckResult:
+    max_abs_error: float
+    max_rel_error: float
+    outputs: int
+
+    def within(self, tolerance: float) -> bool:
+        return self.max_abs_error <= tolerance
+
+
+def compare_with_eager(artifact: Any, module: torch.nn.Module, inputs: Sequence[Any]) -> CheckResult:
+    """Run the program and the eager module on the same inputs; report the largest errors."""
+    with torch.no_grad():
+        expected = [x for x in pytree.tree_leaves(module(*inputs)) if isinstance(x, torch.Tensor)]
+    actual = run(artifact, inputs)
+    if len(actual) != len(expected):
+        raise UserInputError(
+            f"the program returned {len(actual)} outputs, eager returned {len(expected)}",
+            hint="compare the module the program was compiled from",
+        )
+    max_abs = max_rel = 0.0
+    for got, want in zip(actual, expected):
+        got, want = got.to(torch.float64), want.to(torch.float64)
+        if got.shape != want.shape:
+            raise UserInputError(f"output shape {tuple(got.shape)} differs from eager {tuple(want.shape)}")
+        diff = (got - want).abs()
+        if diff.numel():
+            max_abs = max(max_abs, diff.max().item())
+            max_rel = max(max_rel, (diff / want.abs().clamp_min(1e-6)).max().item())
+    return CheckResult(max_abs, max_rel, len(expected))

@@ -1,0 +1,32 @@
+"""What every stage is: a name, the artifact type it takes, the one it returns, a run."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import attrs
+
+from compiler.backends.base import Backend
+
+
+@attrs.define
+class StageContext:
+    """What a stage may use besides its input: the backend, and a place for its numbers."""
+
+    backend: Backend
+    # Numbers the stage wants in the report (e.g. constants folded); filled by `run`.
+    metrics: dict[str, Any] = attrs.field(factory=dict)
+
+
+class Stage(abc.ABC):
+    name: ClassVar[str]
+    takes: ClassVar[type]
+    returns: ClassVar[type]
+
+    @abc.abstractmethod
+    def run(self, artifact: Any, ctx: StageContext) -> Any:
+        """Turn an artifact of type `takes` into one of type `returns`."""
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name}: {self.takes.__name__} -> {self.returns.__name__}>"

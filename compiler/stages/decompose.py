@@ -1,0 +1,67 @@
+"""Decompose: ATen program -> Edge program, keeping whole the ops the backend asks for.
+
+One `run_decompositions` call. When the backend narrows its request to some
+nodes (a node filter, like ExecuTorch's `check_op_support`), those nodes are
+renamed into ExecuTorch's no-decompose namespace for that one call and named
+back afterwards, instead of stock's decompose / rename / decompose-again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+
+from executorch.exir import EdgeCompileConfig
+from executorch.exir.program._program import (
+    _generate_edge_program,
+    _register_no_decomp_op,
+    _remove_invalid_ops_for_not_decompose,
+    _restore_transformed_ops_to_aten_ops,
+    aten_op_to_transform_op,
+)
+from executorch.exir.tracer import _default_decomposition_table
+
+from compiler.backends.base import KeepWhole
+from compiler.ir.artifacts import AtenProgram, EdgeProgram
+from compiler.ir.dialect import op_name
+from compiler.ir.graph import call_nodes
+from compiler.stages.base import Stage, StageContext
+
+
+def decompose(
+    program: ExportedProgram, keep: KeepWhole
+) -> tuple[ExportedProgram, list[torch._ops.OpOverload]]:
+    """Decompose to core ATen except `keep`; returns the program and the ops really kept."""
+    table = _default_decomposition_table()
+    if keep.node_filter is None:
+        preserved = [op for op in keep.ops if table.pop(op, None) is not None]
+        return program.run_decompositions(table), preserved
+
+    candidates = set(_remove_invalid_ops_for_not_decompose(list(keep.ops)))
+    renamed: list[tuple[torch.fx.Node, torch._ops.OpOverload]] = []
+    for node in call_nodes(program):
+        if node.target in candidates and keep.node_filter(node):
+            _register_no_decomp_op(node.target)
+            renamed.append((node, node.target))
+            node.target = aten_op_to_transform_op[node.target]
+    try:
+        decomposed = program.run_decompositions(table)
+    finally:
+        for node, target in renamed:  # the input artifact must come back unchanged
+            node.target = target
+    _restore_transformed_ops_to_aten_ops(decomposed)
+    return decomposed, sorted({target for _, target in renamed}, key=str)
+
+
+class Decompose(Stage):
+    name = "decompose"
+    takes = AtenProgram
+    returns = EdgeProgram
+
+    def run(self, aten: AtenProgram, ctx: StageContext) -> EdgeProgram:
+        keep = ctx.backend.keep_whole(aten.program)
+        program, preserved = decompose(aten.program, keep)
+        edge = _generate_edge_program(EdgeCompileConfig(), program, preserve_ops=preserved)
+        if preserved:
+            ctx.metrics["kept_whole"] = len(preserved)
+        return EdgeProgram(edge, tuple(op_name(op) for op in preserved))

@@ -1,0 +1,35 @@
+"""Emit: lowered program -> the `.pte` bytes ExecuTorch's runtime loads."""
+
+from __future__ import annotations
+
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
+from executorch.exir._serialize._program import deserialize_pte_binary
+
+from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
+from compiler.stages.base import Stage, StageContext
+from compiler.stages.lower import METHOD
+
+
+def _operator_name(op) -> str:
+    return f"{op.name}.{op.overload}" if op.overload else op.name
+
+
+class Emit(Stage):
+    name = "emit"
+    takes = LoweredProgram
+    returns = ExecutorchProgram
+
+    def run(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
+        # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
+        manager = EdgeProgramManager(
+            {METHOD: lowered.program}, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+        )
+        pte = manager.to_executorch(ExecutorchBackendConfig()).buffer
+        plan = deserialize_pte_binary(pte).program.execution_plan[0]
+        ctx.metrics["pte_bytes"] = len(pte)
+        return ExecutorchProgram(
+            pte=pte,
+            operators=tuple(_operator_name(op) for op in plan.operators),
+            delegates=tuple(d.id for d in plan.delegates),
+            plan=lowered.plan,
+        )

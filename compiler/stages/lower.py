@@ -1,0 +1,50 @@
+"""Lower: partitioned program -> program whose tagged parts are backend payloads.
+
+The partition search already ran; lowering replays its tags through
+ExecuTorch's `to_backend`, whose backend `preprocess` builds each payload.
+"""
+
+from __future__ import annotations
+
+from torch.export import ExportedProgram
+
+from executorch.exir.backend.backend_api import MethodProgramsPartitionerSpec, to_backend
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+
+from compiler.ir.artifacts import LoweredProgram, PartitionedProgram
+from compiler.ir.graph import DELEGATION_TAG
+from compiler.ir.placement import PlacementPlan
+from compiler.stages.base import Stage, StageContext
+
+METHOD = "forward"
+
+
+class ReplayPartitioner(Partitioner):
+    """Tags the program `to_backend` hands it exactly as the placement plan says."""
+
+    def __init__(self, plan: PlacementPlan) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        tags = self.plan.tags()
+        for node in exported_program.graph.nodes:
+            node.meta.pop(DELEGATION_TAG, None)
+            if node.name in tags:
+                node.meta[DELEGATION_TAG] = tags[node.name]
+        return PartitionResult(exported_program, dict(self.plan.partitions))
+
+
+class Lower(Stage):
+    name = "lower"
+    takes = PartitionedProgram
+    returns = LoweredProgram
+
+    def run(self, partitioned: PartitionedProgram, ctx: StageContext) -> LoweredProgram:
+        if not partitioned.plan.partitions:
+            return LoweredProgram(partitioned.program, partitioned.plan)
+        spec = MethodProgramsPartitionerSpec(
+            {METHOD: partitioned.program}, {METHOD: ReplayPartitioner(partitioned.plan)}
+        )
+        lowered = to_backend(spec)[METHOD]
+        return LoweredProgram(lowered, partitioned.plan)

@@ -1,0 +1,172 @@
+"""Each invariant fails on a program that breaks it, and passes on a good one."""
+
+import copy
+
+import pytest
+import torch
+from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+
+import compiler
+from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.ir import invariants as inv
+from compiler.ir.artifacts import AtenProgram, EdgeProgram, ExecutorchProgram, PartitionedProgram
+from compiler.ir.errors import VerificationError
+from compiler.ir.placement import PlacementPlan
+from executorch.exir.dialects._ops import ops as exir_ops
+
+
+class CloneOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(6.0).reshape(2, 3))
+
+    def forward(self, x):
+        return x.clone() + self.table, self.table.sum()
+
+
+def aten_program():
+    with torch.no_grad():
+        return AtenProgram(torch.export.export(CloneOut(), (torch.randn(2, 3),)))
+
+
+def edge_program():
+    return compiler.compile(CloneOut(), (torch.randn(2, 3),), stop_after="decompose")
+
+
+def test_good_programs_pass_every_invariant():
+    for artifact in (aten_program(), edge_program()):
+        for invariant in type(artifact).invariants:
+            invariant.verify(artifact, "test")
+
+
+def test_exported_program_verifier_failure_is_reported():
+    artifact = aten_program()
+    node = next(n for n in artifact.program.graph.nodes if n.op == "call_function")
+    node.target = lambda *a: a[0]  # not an operator: the ExportedProgram verifier refuses it
+    with pytest.raises(VerificationError) as err:
+        inv.program_validates.verify(artifact, "fold")
+    assert err.value.invariant == "program_validates"
+    assert err.value.stage == "fold"
+
+
+def test_edge_op_in_aten_program_is_refused():
+    # The stock 1.5.1 constant folding bug: an Edge clone put into an ATen program.
+    artifact = aten_program()
+    clone = next(n for n in artifact.program.graph.nodes if n.target == torch.ops.aten.clone.default)
+    clone.target = exir_ops.edge.aten.clone.default
+    with pytest.raises(VerificationError) as err:
+        inv.aten_ops_only.verify(artifact, "fold")
+    assert clone.name in err.value.nodes
+    assert "ATEN program holds ops of another dialect" in str(err.value)
+
+
+def test_aten_op_in_edge_program_is_refused():
+    artifact = edge_program()
+    node = next(n for n in artifact.program.graph.nodes if n.op == "call_function")
+    node.target = torch.ops.aten.add.Tensor
+    with pytest.raises(VerificationError) as err:
+        inv.edge_ops_only.verify(artifact, "decompose")
+    assert node.name in err.value.nodes
+
+
+def test_constant_listed_twice_is_refused():
+    artifact = aten_program()
+    ep = artifact.program
+    original = next(s for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER)
+    first_input = next(n for n in ep.graph.nodes if n.op == "placeholder")
+    with ep.graph.inserting_before(first_input):
+        twin = ep.graph.placeholder("b_table_twin")
+    twin.meta = copy.copy(next(n for n in ep.graph.nodes if n.name == original.arg.name).meta)
+    ep.graph_signature.input_specs.insert(
+        0, InputSpec(InputKind.BUFFER, TensorArgument(twin.name), original.target, True)
+    )
+    with pytest.raises(VerificationError) as err:
+        inv.constants_listed_once.verify(artifact, "split_constants")
+    assert err.value.nodes == (original.target,)
+    assert "listed more than once" in str(err.value)
+
+
+def _partitioned_with_tags(tags):
+    edge = edge_program()
+    program = edge.program
+    for node in program.graph.nodes:
+        if node.name in tags:
+            node.meta["delegation_tag"] = tags[node.name]
+    return PartitionedProgram(program, PlacementPlan(()))
+
+
+def test_constant_tagged_for_a_delegate_with_a_cpu_user_is_refused():
+    artifact = _partitioned_with_tags({"b_table": "tag0"})
+    with pytest.raises(VerificationError) as err:
+        inv.constant_tags_match_users.verify(artifact, "partition")
+    assert any("b_table (tag tag0)" in n and "tag None" in n for n in err.value.nodes)
+
+
+def test_constant_tagged_like_all_users_passes():
+    edge = edge_program()
+    users = [u.name for u in next(n for n in edge.program.graph.nodes if n.name == "b_table").users]
+    artifact = _partitioned_with_tags({"b_table": "tag0", **{u: "tag0" for u in users}})
+    inv.constant_tags_match_users.verify(artifact, "partition")
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x):
+        before = self.count * 3  # reads the state, then updates it
+        self.count.add_(x)
+        return before
+
+
+def test_mutable_buffer_split_between_delegate_and_cpu_is_refused():
+    edge = compiler.compile(Counter(), (torch.ones(3),), stop_after="decompose")
+    program = edge.program
+    buffer = next(n for n in program.graph.nodes if n.name == "b_count")
+    users = list(buffer.users)
+    users[0].meta["delegation_tag"] = "tag0"
+    with pytest.raises(VerificationError) as err:
+        inv.mutable_buffers_not_split.verify(PartitionedProgram(program, PlacementPlan(())), "partition")
+    assert any("on tag0" in n for n in err.value.nodes) and any("on cpu" in n for n in err.value.nodes)
+
+
+class KeepsMatmulButTakesNothing(Backend):
+    """Asks to keep matmul whole, then delegates nothing: the stock 'kernel not found' trap."""
+
+    name = "keeps-matmul"
+
+    def keep_whole(self, program):
+        return KeepWhole(frozenset({torch.ops.aten.matmul.default}))
+
+    def partition(self, program):
+        return BackendPartition({})
+
+
+class Matmul(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.matmul(x, y) + 1
+
+
+def test_cpu_op_without_runtime_kernel_is_caught_at_compile_time():
+    inputs = (torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+    with pytest.raises(VerificationError) as err:
+        compiler.compile(Matmul(), inputs, KeepsMatmulButTakesNothing(), reproducer=False)
+    assert err.value.stage == "partition"
+    assert err.value.invariant == "cpu_ops_have_kernels"
+    assert any("aten::matmul.out" in n for n in err.value.nodes)
+
+
+def test_without_verification_the_same_program_only_fails_at_load():
+    inputs = (torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+    artifact = compiler.compile(Matmul(), inputs, KeepsMatmulButTakesNothing(), verify=False)
+    assert "aten::matmul.out" in artifact.program.operators
+    with pytest.raises(Exception):
+        compiler.run(artifact, inputs)
+
+
+def test_pte_calling_unregistered_operator_is_refused():
+    artifact = ExecutorchProgram(b"", ("aten::add.out", "aten::matmul.out"), (), PlacementPlan(()))
+    with pytest.raises(VerificationError) as err:
+        inv.pte_operators_registered.verify(artifact, "emit")
+    assert err.value.nodes == ("aten::matmul.out",)

@@ -1,0 +1,112 @@
+"""Each bad input gets one named CompileError that names the stage and what to do."""
+
+import zipfile
+
+import pytest
+import torch
+
+import compiler
+from compiler.ir.errors import CaptureError, CompileError, ResumeError, UserInputError
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # Python control flow on a tensor value: export cannot trace it
+            return x * 2
+        return x
+
+
+def test_module_export_cannot_capture():
+    with pytest.raises(CaptureError) as err:
+        compiler.compile(DataDependent(), (torch.randn(3),))
+    assert err.value.stage == "capture"
+    assert "DataDependent" in str(err.value)
+    assert "what to do" in str(err.value)
+
+
+@pytest.mark.parametrize("inputs", [{"x": torch.randn(2)}, "tensor", (torch.randn(2), object())])
+def test_example_inputs_of_wrong_type(small_model, inputs):
+    model, _ = small_model
+    with pytest.raises(UserInputError) as err:
+        compiler.compile(model, inputs)
+    assert err.value.stage == "capture" and err.value.hint
+
+
+def test_model_that_is_not_a_module():
+    with pytest.raises(UserInputError, match="must be a torch.nn.Module"):
+        compiler.compile(torch.nn.Linear, (torch.randn(2, 2),))
+
+
+def test_unknown_backend(small_model):
+    model, inputs = small_model
+    with pytest.raises(UserInputError) as err:
+        compiler.compile(model, inputs, "tpu")
+    assert "unknown backend 'tpu'" in str(err.value) and "xnnpack" in err.value.hint
+
+
+def test_unknown_backend_option(small_model):
+    model, inputs = small_model
+    with pytest.raises(UserInputError, match="does not take these options"):
+        compiler.compile(model, inputs, "portable", backend_options={"fast": True})
+
+
+def test_unknown_stage_name(small_model):
+    model, inputs = small_model
+    with pytest.raises(UserInputError) as err:
+        compiler.compile(model, inputs, stop_after="optimize")
+    assert "unknown stage 'optimize'" in str(err.value) and "partition" in err.value.hint
+
+
+def test_unknown_driver_option(small_model):
+    model, inputs = small_model
+    with pytest.raises(UserInputError, match="unknown driver option"):
+        compiler.compile(model, inputs, dump="x")
+
+
+def test_resume_file_that_does_not_exist(tmp_path):
+    with pytest.raises(ResumeError, match="does not exist"):
+        compiler.compile(None, None, resume_from=str(tmp_path / "nope.stage"))
+
+
+def test_corrupt_resume_file(tmp_path):
+    path = tmp_path / "bad.stage"
+    path.write_bytes(b"not a zip at all")
+    with pytest.raises(ResumeError, match="corrupt"):
+        compiler.compile(None, None, resume_from=str(path))
+
+
+def test_truncated_resume_file(small_model, tmp_path):
+    model, inputs = small_model
+    compiler.compile(model, inputs, stop_after="partition", dump_dir=tmp_path)
+    good = (tmp_path / "04-partition.stage").read_bytes()
+    path = tmp_path / "cut.stage"
+    path.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ResumeError):
+        compiler.compile(None, None, resume_from=str(path))
+
+
+def test_zip_that_is_not_a_stage_file(tmp_path):
+    path = tmp_path / "other.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("hello.txt", "hi")
+    with pytest.raises(ResumeError, match="not a stage file"):
+        compiler.compile(None, None, resume_from=str(path))
+
+
+def test_resume_file_from_a_later_stage_than_stop_after(small_model, tmp_path):
+    model, inputs = small_model
+    compiler.compile(model, inputs, stop_after="partition", dump_dir=tmp_path)
+    with pytest.raises(ResumeError, match="nothing to run"):
+        compiler.compile(None, None, resume_from=str(tmp_path / "04-partition.stage"), stop_after="decompose")
+
+
+def test_resume_file_from_another_backend(small_model, tmp_path):
+    model, inputs = small_model
+    compiler.compile(model, inputs, "xnnpack", stop_after="partition", dump_dir=tmp_path)
+    with pytest.raises(ResumeError, match="backend 'xnnpack', not 'portable'"):
+        compiler.compile(None, None, "portable", resume_from=str(tmp_path / "04-partition.stage"))
+
+
+def test_every_error_is_a_compile_error():
+    for error_type in (CaptureError, ResumeError, UserInputError, compiler.VerificationError, compiler.StageFailure):
+        assert issubclass(error_type, CompileError)

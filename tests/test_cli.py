@@ -1,0 +1,75 @@
+"""The CLI: a thin layer over the API; errors exit non-zero with a message, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from compiler.cli import main
+from compiler.examples import EXAMPLES
+
+
+def test_examples_lists_every_builtin(capsys):
+    assert main(["examples"]) == 0
+    out = capsys.readouterr().out
+    for name in EXAMPLES:
+        assert name in out
+
+
+def test_compile_check_prints_stage_table_and_error(capsys, tmp_path):
+    out_file = tmp_path / "mlp.pte"
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--check", "-o", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["stage", "time", "s"]
+    for stage in ("capture", "fold", "decompose", "partition", "lower", "emit", "total"):
+        assert f"\n{stage} " in out
+    assert "max abs error" in out and "OK" in out
+    assert out_file.stat().st_size > 0
+
+
+def test_model_from_file_factory(capsys, tmp_path):
+    source = tmp_path / "my_model.py"
+    source.write_text(
+        "import torch\n"
+        "def make():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).eval(), (torch.randn(2, 4),)\n"
+    )
+    assert main(["compile", f"{source}:make", "--backend", "portable", "--check"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_example_arguments(capsys):
+    assert main(["compile", "transformer:depth=1,dim=32", "--stop-after", "capture"]) == 0
+    assert "stopped after capture" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compile", "nosuchmodel"], "neither a built-in example"),
+        (["compile", "missing.py:make"], "does not exist"),
+        (["compile", "mlp", "--backend", "tpu"], "unknown backend"),
+        (["compile", "--resume-from", "nope.stage"], "does not exist"),
+        (["compile"], "needs a MODEL"),
+    ],
+)
+def test_bad_input_exits_nonzero_without_traceback(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_stop_after_and_resume_from_the_command_line(capsys, tmp_path):
+    stage_file = tmp_path / "p.stage"
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--stop-after", "partition", "-o", str(stage_file)]) == 0
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--resume-from", str(stage_file), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "lower" in out and "OK" in out
+
+
+def test_console_entry_point_runs_as_module():
+    done = subprocess.run(
+        [sys.executable, "-m", "compiler", "compile", "nosuchmodel"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "error:" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,158 @@
+"""The pipeline: type chaining, stop/resume, instruments, the crash reproducer."""
+
+import io
+import os
+
+import pytest
+import torch
+
+import compiler
+from compiler.backends.xnnpack import XnnpackBackend
+from compiler.driver import Pipeline
+from compiler.instruments import Instrument
+from compiler.ir.artifacts import EdgeProgram, PartitionedProgram
+from compiler.ir.errors import PipelineError, StageFailure
+from compiler.stages import DEFAULT_STAGES, STAGE_NAMES
+
+
+def test_pipeline_whose_types_do_not_chain_is_refused_before_running():
+    capture, fold, decompose, partition, lower, emit = DEFAULT_STAGES
+    with pytest.raises(PipelineError) as err:
+        Pipeline([capture, partition, lower])
+    assert "'capture' returns AtenProgram" in str(err.value)
+    assert "'partition' takes EdgeProgram" in str(err.value)
+
+
+def test_default_pipeline_chains():
+    assert Pipeline(DEFAULT_STAGES).names == STAGE_NAMES
+
+
+def test_artifact_has_pte_report_and_every_stage(small_model, tmp_path):
+    model, inputs = small_model
+    artifact = compiler.compile(model, inputs, "xnnpack")
+    assert artifact.pte[4:8] == b"ET12"  # the flatbuffer file identifier of a .pte
+    assert [r.stage for r in artifact.report.stages] == list(STAGE_NAMES)
+    assert set(artifact.stages) == set(STAGE_NAMES)
+    assert isinstance(artifact.stages["partition"], PartitionedProgram)
+    partition = artifact.report.stage("partition")
+    assert partition.delegates >= 1 and partition.cpu_ops == 1  # the cumsum
+    cpu_rows = [row for row in artifact.report.placement if row.where == "cpu"]
+    assert [row.op for row in cpu_rows] == ["aten.cumsum.default"]
+    assert "cumsum" in cpu_rows[0].reason
+    artifact.save(tmp_path / "m.pte")
+    assert (tmp_path / "m.pte").read_bytes() == artifact.pte
+
+
+def test_earlier_stage_artifacts_are_not_changed_by_later_stages(small_model):
+    model, inputs = small_model
+    artifact = compiler.compile(model, inputs, "xnnpack")
+    edge = artifact.stages["decompose"].program
+    assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)
+    tagged = artifact.stages["partition"].program
+    assert any("delegation_tag" in n.meta for n in tagged.graph.nodes)
+
+
+@pytest.mark.parametrize("stop", ["fold", "partition", "lower"])
+def test_stop_and_resume_gives_byte_identical_pte(small_model, tmp_path, stop):
+    model, inputs = small_model
+    whole = compiler.compile(model, inputs, "xnnpack")
+    stopped = compiler.compile(model, inputs, "xnnpack", stop_after=stop, dump_dir=tmp_path)
+    assert type(stopped) is type(whole.stages[stop])
+    stage_file = tmp_path / f"{STAGE_NAMES.index(stop) + 1:02d}-{stop}.stage"
+    resumed = compiler.compile(None, None, "xnnpack", resume_from=str(stage_file))
+    assert resumed.pte == whole.pte
+    assert [r.stage for r in resumed.report.stages] == list(STAGE_NAMES[STAGE_NAMES.index(stop) + 1 :])
+
+
+def test_dump_dir_holds_text_and_resumable_file_per_stage(small_model, tmp_path):
+    model, inputs = small_model
+    compiler.compile(model, inputs, "xnnpack", dump_dir=tmp_path)
+    names = sorted(os.listdir(tmp_path))
+    for i, stage in enumerate(STAGE_NAMES, start=1):
+        assert f"{i:02d}-{stage}.txt" in names
+    assert "06-emit.pte" in names
+    assert "04-partition.stage" in names
+    assert "aten_cumsum_default" in (tmp_path / "03-decompose.txt").read_text()
+
+
+def test_print_after_change_prints_only_stages_that_changed(small_model):
+    model, inputs = small_model
+    out = io.StringIO()
+    compiler.compile(model, inputs, "xnnpack", print_after_change=out)
+    text = out.getvalue()
+    assert "after capture" in text and "after decompose" in text and "after lower" in text
+    assert "after fold" not in text  # fold is a pass-through for now
+
+
+class FlakyXnnpack(XnnpackBackend):
+    """Fails its first partition search, like a backend bug would."""
+
+    def __init__(self, fail: bool):
+        super().__init__()
+        self.fail = fail
+
+    def partition(self, program):
+        if self.fail:
+            raise RuntimeError("partitioner exploded")
+        return super().partition(program)
+
+
+def test_crash_reproducer_saves_stage_input_that_resumes(small_model, tmp_path):
+    model, inputs = small_model
+    with pytest.raises(StageFailure) as err:
+        compiler.compile(model, inputs, FlakyXnnpack(fail=True), reproducer_dir=tmp_path)
+    error = err.value
+    assert error.stage == "partition"
+    assert "partitioner exploded" in str(error)
+    assert isinstance(error.__cause__, RuntimeError)
+    assert error.reproducer_path == str(tmp_path / "decompose.stage")
+    assert f"--resume-from {error.reproducer_path}" in error.resume_command
+    assert "--backend xnnpack" in error.resume_command
+
+    resumed = compiler.compile(None, None, FlakyXnnpack(fail=False), resume_from=error.reproducer_path)
+    reference = compiler.compile(model, inputs, "xnnpack")
+    assert resumed.pte == reference.pte
+
+
+def test_failure_after_dumping_keeps_last_good_artifact(small_model, tmp_path):
+    model, inputs = small_model
+    with pytest.raises(StageFailure):
+        compiler.compile(model, inputs, FlakyXnnpack(fail=True), dump_dir=tmp_path)
+    assert (tmp_path / "03-decompose.stage").exists()
+    assert not (tmp_path / "04-partition.stage").exists()
+
+
+class Recorder(Instrument):
+    def __init__(self):
+        self.calls = []
+
+    def before_stage(self, stage, artifact):
+        self.calls.append(("before", stage))
+
+    def after_stage(self, stage, before, after):
+        self.calls.append(("after", stage))
+
+
+def test_user_instruments_see_every_stage(small_model):
+    model, inputs = small_model
+    recorder = Recorder()
+    compiler.compile(model, inputs, "portable", instruments=[recorder])
+    assert recorder.calls[:2] == [("before", "capture"), ("after", "capture")]
+    assert len(recorder.calls) == 2 * len(STAGE_NAMES)
+
+
+def test_no_verify_skips_verification(small_model):
+    model, inputs = small_model
+    artifact = compiler.compile(model, inputs, "portable", verify=False)
+    assert all(r.verify_seconds == 0.0 for r in artifact.report.stages)
+
+
+def test_dynamic_shapes_pass_through_capture():
+    model = torch.nn.Linear(4, 4).eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    aten = compiler.compile(model, (torch.randn(3, 4),), stop_after="capture", dynamic_shapes=({0: batch},))
+    placeholder = next(n for n in aten.program.graph.nodes if n.name == "input")
+    assert not isinstance(placeholder.meta["val"].shape[0], int)
+    artifact = compiler.compile(model, (torch.randn(3, 4),), "xnnpack", dynamic_shapes=({0: batch},))
+    out = compiler.run(artifact, (torch.ones(5, 4),))[0]
+    torch.testing.assert_close(out, model(torch.ones(5, 4)), atol=1e-5, rtol=1e-5)

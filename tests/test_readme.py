@@ -1,0 +1,12 @@
+"""The README's two set-up commands stay true: CI runs the test command verbatim."""
+
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    commands = [line for line in readme[:6] if line.startswith("python3 -m venv")]
+    assert len(commands) == 2
+    assert commands[1] in (ROOT / ".ci" / "run").read_text()
