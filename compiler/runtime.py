@@ -8,6 +8,7 @@ import attrs
 import torch
 from torch.utils import _pytree as pytree
 
+from compiler import backends
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
 
@@ -28,15 +29,18 @@ def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
 
     program = _program(artifact)
     runtime = Runtime.get()
+    flat_inputs = [x for x in pytree.tree_leaves(tuple(inputs))]
     missing = sorted({d for d in program.delegates if not runtime.backend_registry.is_available(d)})
     if missing:
+        executor = backends.reference_executor(set(missing))
+        if executor is not None:
+            return list(executor(program.pte, flat_inputs))
         raise UnsupportedByRuntime(
             f"the program holds delegates this machine's ExecuTorch runtime cannot run: {', '.join(missing)}",
             hint="run it on a device with that backend (Core ML: macOS/iOS); "
             f"this runtime has {', '.join(runtime.backend_registry.registered_backend_names)}",
         )
     method = runtime.load_program(program.pte).load_method("forward")
-    flat_inputs = [x for x in pytree.tree_leaves(tuple(inputs))]
     return list(method.execute(flat_inputs))
 
 

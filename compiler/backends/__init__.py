@@ -18,6 +18,21 @@ _REGISTRY = {
 }
 
 
+# Delegate id -> a function that runs a whole program holding that delegate on this
+# machine without ExecuTorch's runtime (for delegates the pip runtime lacks):
+# `run_program(pte: bytes, inputs: list) -> list[torch.Tensor]`.
+_REFERENCE_EXECUTORS: dict[str, str] = {}
+
+
+def reference_executor(delegate_ids: set[str]):
+    """The reference executor that can run programs with these delegates, or None."""
+    found = {_REFERENCE_EXECUTORS.get(d) for d in delegate_ids}
+    if len(found) != 1 or None in found:
+        return None
+    module_name, function_name = found.pop().split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
 def available() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 

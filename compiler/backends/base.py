@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from typing import Callable, ClassVar, Mapping
+import contextlib
+from typing import Callable, ClassVar, ContextManager, Mapping
 
 import attrs
 import torch
@@ -37,6 +38,8 @@ class Backend(abc.ABC):
     """A compilation target: which ops it keeps whole, and what it takes."""
 
     name: ClassVar[str]
+    # Dtypes this backend cannot take as a delegate input (Core ML: uint8, int8, ...).
+    refused_input_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
         return KeepWhole()
@@ -47,3 +50,7 @@ class Backend(abc.ABC):
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         return f"the {self.name} backend does not support this op"
+
+    def lowering(self) -> ContextManager[None]:
+        """Entered around `to_backend`: where a backend installs conversion fixes."""
+        return contextlib.nullcontext()

@@ -91,6 +91,8 @@ class PartitionedProgram:
     program: ExportedProgram
     plan: PlacementPlan
     preserved_ops: tuple[str, ...] = ()
+    # Dtypes the backend cannot take as delegate inputs (from the backend).
+    refused_input_dtypes: frozenset[str] = frozenset()
 
     dialect: ClassVar[str] = EDGE
     invariants: ClassVar[tuple] = (
@@ -99,6 +101,7 @@ class PartitionedProgram:
         inv.constants_listed_once,
         inv.constant_tags_match_users,
         inv.mutable_buffers_not_split,
+        inv.delegate_inputs_have_supported_dtypes,
         inv.cpu_ops_have_kernels,
     )
 

@@ -156,6 +156,26 @@ def mutable_buffers_not_split(artifact) -> Violation | None:
     return None
 
 
+@invariant("leave the op reading that tensor on the CPU up to a conversion the backend takes")
+def delegate_inputs_have_supported_dtypes(artifact) -> Violation | None:
+    refused = artifact.refused_input_dtypes
+    if not refused:
+        return None
+    bad = []
+    for node in artifact.program.graph.nodes:
+        tag = node.meta.get(DELEGATION_TAG)
+        if not tag or node.op == "placeholder":
+            continue
+        for source in node.all_input_nodes:
+            value = source.meta.get("val")
+            dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
+            if source.meta.get(DELEGATION_TAG) != tag and dtype in refused:
+                bad.append(f"{node.name} ({tag}) reads {source.name} ({dtype})")
+    if bad:
+        return Violation("a delegate takes an input of a dtype its backend cannot take", tuple(bad))
+    return None
+
+
 @invariant(
     "the op stays on the CPU but the runtime has no kernel for it: let the backend "
     "take it, or let it decompose (do not keep it whole)"

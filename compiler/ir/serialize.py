@@ -58,6 +58,8 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend:
         manifest["preserved_ops"] = list(artifact.preserved_ops)
     if hasattr(artifact, "plan"):
         manifest["plan"] = artifact.plan.to_json()
+    if hasattr(artifact, "refused_input_dtypes"):
+        manifest["refused_input_dtypes"] = sorted(artifact.refused_input_dtypes)
     manifest["positional_args"] = {
         n.name: len(n.args) for n in artifact.program.graph.nodes if n.op == "call_function"
     }
@@ -92,6 +94,8 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
     fields: dict[str, Any] = {"program": program}
     if "preserved_ops" in manifest and "preserved_ops" in attrs.fields_dict(artifact_type):
         fields["preserved_ops"] = tuple(manifest["preserved_ops"])
+    if "refused_input_dtypes" in manifest:
+        fields["refused_input_dtypes"] = frozenset(manifest["refused_input_dtypes"])
     if "plan" in manifest:
         plan = PlacementPlan.from_json(manifest["plan"])
         tags = plan.tags()

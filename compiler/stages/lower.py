@@ -46,5 +46,6 @@ class Lower(Stage):
         spec = MethodProgramsPartitionerSpec(
             {METHOD: partitioned.program}, {METHOD: ReplayPartitioner(partitioned.plan)}
         )
-        lowered = to_backend(spec)[METHOD]
+        with ctx.backend.lowering():
+            lowered = to_backend(spec)[METHOD]
         return LoweredProgram(lowered, partitioned.plan)

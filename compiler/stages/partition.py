@@ -37,4 +37,5 @@ class Partition(Stage):
             if not n.meta.get(DELEGATION_TAG)
         }
         plan = PlacementPlan.from_tagged_program(program, result.partitions, reasons)
-        return PartitionedProgram(program, plan, edge.preserved_ops)
+        refused = frozenset(str(d).removeprefix("torch.") for d in ctx.backend.refused_input_dtypes)
+        return PartitionedProgram(program, plan, edge.preserved_ops, refused)

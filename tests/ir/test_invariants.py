@@ -2,6 +2,8 @@
 
 import copy
 
+import attrs
+
 import pytest
 import torch
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
@@ -170,3 +172,21 @@ def test_pte_calling_unregistered_operator_is_refused():
     with pytest.raises(VerificationError) as err:
         inv.pte_operators_registered.verify(artifact, "emit")
     assert err.value.nodes == ("aten::matmul.out",)
+
+
+class Uint8Frame(torch.nn.Module):
+    def forward(self, frame):
+        return frame.float() / 255.0
+
+
+def test_delegate_reading_refused_dtype_is_refused():
+    edge = compiler.compile(Uint8Frame(), (torch.zeros(4, dtype=torch.uint8),), stop_after="decompose")
+    program = edge.program
+    for node in program.graph.nodes:
+        if node.op == "call_function":
+            node.meta["delegation_tag"] = "tag0"  # the conversion reads the uint8 input
+    artifact = PartitionedProgram(program, PlacementPlan(()), refused_input_dtypes=frozenset({"uint8"}))
+    with pytest.raises(VerificationError) as err:
+        inv.delegate_inputs_have_supported_dtypes.verify(artifact, "partition")
+    assert any("reads frame (uint8)" in n for n in err.value.nodes)
+    inv.delegate_inputs_have_supported_dtypes.verify(attrs.evolve(artifact, refused_input_dtypes=frozenset()))
