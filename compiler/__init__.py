@@ -2,39 +2,38 @@
 
     artifact = compiler.compile(model, (x,), backend="xnnpack")
     outputs = compiler.run(artifact, (x,))
+
+Names are imported on first use, so `python -m compiler` can quiet the
+import-time noise of its dependencies before they load.
 """
 
-from compiler.api import Artifact, compile, run_pipeline
-from compiler.instruments import Instrument
-from compiler.ir.errors import (
-    CaptureError,
-    CompileError,
-    PipelineError,
-    ResumeError,
-    StageFailure,
-    UnsupportedByRuntime,
-    UserInputError,
-    VerificationError,
-)
-from compiler.options import DriverOptions
-from compiler.runtime import compare_with_eager, run
-from compiler.stages import STAGE_NAMES
+import importlib
 
-__all__ = [
-    "Artifact",
-    "CaptureError",
-    "CompileError",
-    "DriverOptions",
-    "Instrument",
-    "PipelineError",
-    "ResumeError",
-    "STAGE_NAMES",
-    "StageFailure",
-    "UnsupportedByRuntime",
-    "UserInputError",
-    "VerificationError",
-    "compare_with_eager",
-    "compile",
-    "run",
-    "run_pipeline",
-]
+_EXPORTS = {
+    "Artifact": "compiler.api",
+    "compile": "compiler.api",
+    "run_pipeline": "compiler.api",
+    "Instrument": "compiler.instruments",
+    "DriverOptions": "compiler.options",
+    "compare_with_eager": "compiler.runtime",
+    "run": "compiler.runtime",
+    "STAGE_NAMES": "compiler.stages",
+    "CaptureError": "compiler.ir.errors",
+    "CompileError": "compiler.ir.errors",
+    "PipelineError": "compiler.ir.errors",
+    "ResumeError": "compiler.ir.errors",
+    "StageFailure": "compiler.ir.errors",
+    "UnsupportedByRuntime": "compiler.ir.errors",
+    "UserInputError": "compiler.ir.errors",
+    "VerificationError": "compiler.ir.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'compiler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

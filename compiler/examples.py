@@ -90,7 +90,7 @@ class SharedBuffer(nn.Module):
 
     def forward(self, x):
         y = self.proj(x) * self.scale  # a delegate takes the mul
-        return torch.cumsum(y, dim=-1) + self.scale.cumsum(0)  # cumsum stays on the CPU
+        return torch.cumsum(y, dim=-1) + torch.atan2(x, self.scale)  # cumsum, atan2 stay on the CPU
 
 
 def _seeded(factory: Callable) -> Callable:

@@ -156,3 +156,11 @@ def test_dynamic_shapes_pass_through_capture():
     artifact = compiler.compile(model, (torch.randn(3, 4),), "xnnpack", dynamic_shapes=({0: batch},))
     out = compiler.run(artifact, (torch.ones(5, 4),))[0]
     torch.testing.assert_close(out, model(torch.ones(5, 4)), atol=1e-5, rtol=1e-5)
+
+
+def test_emit_leaves_the_lowered_artifact_as_lower_returned_it(small_model):
+    model, inputs = small_model
+    artifact = compiler.compile(model, inputs, "portable")
+    lowered = artifact.report.stage("lower")
+    assert artifact.report.stage("emit").nodes_in == lowered.nodes_out
+    assert "alloc" not in artifact.stages["lower"].graph_text()

@@ -145,18 +145,20 @@ class ExecutorchProgram:
     """The emitted `.pte`: its bytes, the operators it calls and its delegate payloads."""
 
     pte: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
-    operators: tuple[str, ...]
-    delegates: tuple[str, ...]
+    operators: tuple[str, ...]  # each distinct CPU kernel, e.g. "aten::add.out"
+    delegates: tuple[str, ...]  # the backend id of each delegate payload
     plan: PlacementPlan
+    kernel_calls: int = 0
+    delegate_calls: int = 0
 
     dialect: ClassVar[str] = "executorch"
     invariants: ClassVar[tuple] = (inv.pte_operators_registered,)
 
     def stats(self) -> ProgramStats:
         return ProgramStats(
-            nodes=len(self.operators) + len(self.delegates),
-            delegates=len(self.delegates),
-            cpu_ops=len(self.operators),
+            nodes=self.kernel_calls + self.delegate_calls,
+            delegates=self.delegate_calls,
+            cpu_ops=self.kernel_calls,
         )
 
     def graph_text(self) -> str:

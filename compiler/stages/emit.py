@@ -6,6 +6,7 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBac
 from executorch.exir._serialize._program import deserialize_pte_binary
 
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
+from compiler.ir.graph import copy_program
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
@@ -20,16 +21,22 @@ class Emit(Stage):
     returns = ExecutorchProgram
 
     def run(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
+        # to_executorch rewrites the graph in place (memory planning, out variants):
+        # give it a copy so the lowered artifact stays what the lower stage returned.
         # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
         manager = EdgeProgramManager(
-            {METHOD: lowered.program}, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+            {METHOD: copy_program(lowered.program)},
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
         pte = manager.to_executorch(ExecutorchBackendConfig()).buffer
         plan = deserialize_pte_binary(pte).program.execution_plan[0]
         ctx.metrics["pte_bytes"] = len(pte)
+        kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]
         return ExecutorchProgram(
             pte=pte,
             operators=tuple(_operator_name(op) for op in plan.operators),
             delegates=tuple(d.id for d in plan.delegates),
             plan=lowered.plan,
+            kernel_calls=kinds.count("KernelCall"),
+            delegate_calls=kinds.count("DelegateCall"),
         )

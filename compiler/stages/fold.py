@@ -1,20 +1,385 @@
-"""Fold: constant folding on the ATen program.
+"""Fold: constant folding that respects the program's dialect.
 
-A pass-through for now; the dialect-aware folding described in DESIGN.md
-replaces it. It is a stage already so dumps, resume names and reports keep
-their shape when it gains behaviour.
+Every op whose inputs are all constants (parameters, buffers that are never
+mutated, lifted constants, literals, lists of them) is evaluated once and
+replaced by a new lifted constant. Two things stock ExecuTorch 1.5.1 gets
+wrong on ATen programs are chosen per dialect here: the clone put in front of
+an output that became a constant (stock always inserts the Edge clone, and the
+ATen program then fails its verifier), and the ops never folded (stock's skip
+list holds only Edge ops, so on an ATen program it folds `full` into a large
+constant). Indexing by a constant boolean mask becomes indexing by the mask's
+integer positions, so the output shape is static.
 """
 
 from __future__ import annotations
 
+import logging
+import operator
+from typing import Any, Iterable
+
+import attrs
+import torch
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+from torch.utils import _pytree as pytree
+
+from executorch.exir.dialects._ops import ops as exir_ops
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from executorch.exir.operator.util import _QUANT_PRIMITIVES
+from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
+
 from compiler.ir.artifacts import AtenProgram
+from compiler.ir.dialect import ATEN, EDGE
+from compiler.ir.graph import copy_program, mutated_buffer_targets
 from compiler.stages.base import Stage, StageContext
+
+logger = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+# Fills: one op at run time, but as a constant they are as large as their output.
+_FILL_OPS = (
+    aten.full.default,
+    aten.full_like.default,
+    aten.zeros.default,
+    aten.zeros_like.default,
+    aten.ones.default,
+    aten.ones_like.default,
+    aten.new_full.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.empty.memory_format,
+    aten.scalar_tensor.default,
+)
+
+
+def default_skip_ops(dialect: str) -> frozenset:
+    """Ops never folded, spelled in the program's dialect: fills and dequantize primitives
+    (folding a dequantize stores a quantized weight as float)."""
+    ops = [*_FILL_OPS, *_QUANT_PRIMITIVES]
+    if dialect == EDGE:
+        return frozenset(aten_to_edge(op) for op in ops)
+    return frozenset(ops)
+
+
+def _clone_op(dialect: str, dim_order: bool) -> Any:
+    if dialect == ATEN:
+        return aten.clone.default
+    if dim_order:
+        return exir_ops.edge.dim_order_ops._clone_dim_order.default
+    return exir_ops.edge.aten.clone.default
+
+
+@attrs.frozen
+class FoldResult:
+    nodes_folded: int = 0
+    constants_created: int = 0
+    bytes_added: int = 0
+    bytes_removed: int = 0
+    masks_to_positions: int = 0
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _written_in_place(node: torch.fx.Node) -> bool:
+    """Whether an op writes into `node` (training-IR programs keep in-place ops like add_)."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            continue
+        for argument, value in zip(schema.arguments, user.args):
+            if value is node and argument.alias_info is not None and argument.alias_info.is_write:
+                return True
+        for argument in schema.arguments:
+            if user.kwargs.get(argument.name) is node and argument.alias_info and argument.alias_info.is_write:
+                return True
+    return False
+
+
+def constant_inputs(ep: ExportedProgram) -> dict[torch.fx.Node, torch.Tensor]:
+    """Placeholder -> value, for parameters, never-mutated buffers and lifted constants."""
+    mutated = mutated_buffer_targets(ep)
+    values: dict[torch.fx.Node, torch.Tensor] = {}
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    for spec in ep.graph_signature.input_specs:
+        node = placeholders.get(spec.arg.name)
+        if node is None or spec.target in mutated or _written_in_place(node):
+            continue
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in ep.state_dict:
+            values[node] = ep.state_dict[spec.target]
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR) and spec.target in ep.constants:
+            values[node] = ep.constants[spec.target]
+    return values
+
+
+_LITERALS = (int, float, bool, str, torch.dtype, torch.device, torch.layout, torch.memory_format, type(None))
+
+
+def _all_constant(args: Any, known: dict[torch.fx.Node, Any]) -> bool:
+    return all(
+        (isinstance(leaf, torch.fx.Node) and leaf in known) or isinstance(leaf, _LITERALS)
+        for leaf in pytree.tree_leaves(args)
+    )
+
+
+def _foldable(node: torch.fx.Node, skip: frozenset) -> bool:
+    target = node.target
+    if node.op != "call_function" or target in skip or node.is_impure():
+        return False
+    if target is operator.getitem:
+        return True
+    op = target._op if isinstance(target, EdgeOpOverload) else target
+    if not isinstance(op, torch._ops.OpOverload):
+        return False  # higher-order ops (control flow), symbolic-int helpers
+    if torch.Tag.nondeterministic_seeded in op.tags or op._schema.is_mutable:
+        return False
+    return isinstance(node.meta.get("val"), (torch.Tensor, tuple, list))
+
+
+def _evaluate(ep: ExportedProgram, skip: frozenset, compute: bool = True) -> dict[torch.fx.Node, Any]:
+    """Every node whose value is known before the program runs -> that value
+    (with `compute=False`, only which nodes those are; values are not computed)."""
+    known: dict[torch.fx.Node, Any] = dict(constant_inputs(ep))
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            if compute:
+                logger.warning("fold: not folding inside control flow (%s)", node.name)
+            continue
+        if not _foldable(node, skip) or not _all_constant((node.args, node.kwargs), known):
+            continue
+        if not compute:
+            known[node] = node.meta.get("val")
+            continue
+        args, kwargs = pytree.tree_map_only(torch.fx.Node, known.__getitem__, (node.args, node.kwargs))
+        with torch.no_grad():
+            value = node.target(*args, **kwargs)
+        if isinstance(value, torch.Tensor) and 0 in value.stride():
+            value = value.contiguous()  # ExecuTorch cannot hold zero-stride (expanded) data
+        known[node] = value
+    return known
+
+
+class _Constants:
+    """Adds and removes lifted constants, keeping placeholders and the signature in step."""
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        self.ep = ep
+        self.fake_mode = detect_fake_mode(
+            [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and "val" in n.meta]
+        )
+        self.created = 0
+        self.bytes_added = 0
+        self.bytes_removed = 0
+
+    def _insert_point(self) -> tuple[torch.fx.Node | None, int]:
+        specs = self.ep.graph_signature.input_specs
+        for index, spec in enumerate(specs):
+            if spec.kind == InputKind.USER_INPUT:
+                node = next(n for n in self.ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
+                return node, index
+        placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
+        return (placeholders[-1].next if placeholders else next(iter(self.ep.graph.nodes))), len(specs)
+
+    def add(self, value: torch.Tensor, like: torch.fx.Node | None = None) -> torch.fx.Node:
+        name = self._fresh_name()
+        value = value.detach().contiguous() if not value.is_contiguous() else value.detach()
+        self.ep.constants[name] = value
+        before, index = self._insert_point()
+        with self.ep.graph.inserting_before(before):
+            node = self.ep.graph.placeholder(name)
+        if like is not None:
+            node.meta.update({k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack")})
+        node.meta["val"] = self.fake_mode.from_tensor(value, static_shapes=True)
+        self.ep.graph_signature.input_specs.insert(
+            index, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), name, True)
+        )
+        self.created += 1
+        self.bytes_added += _nbytes(value)
+        return node
+
+    def _fresh_name(self) -> str:
+        taken = set(self.ep.constants) | set(self.ep.state_dict)
+        taken |= {n.name for n in self.ep.graph.nodes}
+        index = self.created
+        while f"_folded_constant_{index}" in taken:
+            index += 1
+        return f"_folded_constant_{index}"
+
+    def remove_unused(self) -> None:
+        specs = self.ep.graph_signature.input_specs
+        placeholders = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
+        mutated = mutated_buffer_targets(self.ep)
+        for spec in list(specs):
+            node = placeholders.get(spec.arg.name)
+            if node is None or node.users or spec.kind == InputKind.USER_INPUT or spec.target in mutated:
+                continue
+            store = self.ep.state_dict if spec.target in self.ep.state_dict else self.ep.constants
+            value = store.pop(spec.target, None)
+            if isinstance(value, torch.Tensor):
+                self.bytes_removed += _nbytes(value)
+            specs.remove(spec)
+            self.ep.graph.erase_node(node)
+
+
+def needs_folding(ep: ExportedProgram, skip: frozenset) -> bool:
+    """Whether folding would change anything: a foldable op, or a constant bool mask index."""
+    known = _evaluate(ep, skip, compute=False)
+    if any(n.op != "placeholder" for n in known):
+        return True
+    return any(
+        node.target in (aten.index.Tensor, exir_ops.edge.aten.index.Tensor)
+        and any(isinstance(i, torch.fx.Node) and i in known and known[i].dtype == torch.bool for i in node.args[1])
+        for node in ep.graph.nodes
+        if node.op == "call_function"
+    )
+
+
+def fold_constants(
+    ep: ExportedProgram, dialect: str, skip: Iterable | None = None, *, dim_order: bool = True
+) -> FoldResult:
+    """Fold `ep` in place. `skip` replaces the default skip set; see `FoldStage` for adding to it."""
+    skip = frozenset(default_skip_ops(dialect) if skip is None else skip)
+    known = _evaluate(ep, skip)
+    placeholders = {n for n in known if n.op == "placeholder"}
+    folded = [n for n in known if n.op != "placeholder"]
+    constants = _Constants(ep)
+    output = ep.graph.output_node()
+    clone = _clone_op(dialect, dim_order)
+    for node in folded:
+        outside_users = [u for u in node.users if u not in known]
+        if not outside_users or not isinstance(known[node], torch.Tensor):
+            continue
+        constant = constants.add(known[node], like=node)
+        for user in outside_users:
+            if user is output:
+                # An output must not be the constant itself: the runtime would hand out its storage.
+                with ep.graph.inserting_before(output):
+                    copy = ep.graph.call_function(clone, (constant,))
+                copy.meta["val"] = constant.meta["val"]
+                user.replace_input_with(node, copy)
+                for spec in ep.graph_signature.output_specs:
+                    if getattr(spec.arg, "name", None) == node.name:
+                        spec.arg = TensorArgument(copy.name)
+            else:
+                user.replace_input_with(node, constant)
+    ep.graph.eliminate_dead_code()
+    constants.remove_unused()
+    masks = _masks_to_positions(ep, constants, dialect)
+    ep.graph_module.recompile()
+    return FoldResult(
+        nodes_folded=len(folded),
+        constants_created=constants.created,
+        bytes_added=constants.bytes_added,
+        bytes_removed=constants.bytes_removed,
+        masks_to_positions=masks,
+    )
+
+
+def _index_op(dialect: str):
+    return exir_ops.edge.aten.index.Tensor if dialect == EDGE else aten.index.Tensor
+
+
+def _reshape_op(dialect: str):
+    return exir_ops.edge.aten.view_copy.default if dialect == EDGE else aten.reshape.default
+
+
+def _masks_to_positions(ep: ExportedProgram, constants: _Constants, dialect: str) -> int:
+    """`x[..., mask]` with a constant bool mask -> `x` indexed by the mask's positions.
+
+    A mask over several dimensions is flattened together with those dimensions
+    of `x`, so the positions index once (K values, not one index per dimension).
+    """
+    values = constant_inputs(ep)
+    rewritten = 0
+    for node in list(ep.graph.nodes):
+        if node.op != "call_function" or node.target is not _index_op(dialect):
+            continue
+        source, indices = node.args[0], list(node.args[1])
+        given = [i for i, index in enumerate(indices) if index is not None]
+        if len(given) != 1:
+            continue
+        mask = values.get(indices[given[0]])
+        if mask is None or mask.dtype != torch.bool:
+            continue
+        first = given[0]  # a None in front of the mask keeps one dimension each
+        positions = constants.add(torch.nonzero(mask.reshape(-1)).reshape(-1), like=indices[first])
+        if mask.dim() > 1:
+            shape = list(source.meta["val"].shape)
+            if any(not isinstance(d, int) for d in shape[first : first + mask.dim()]):
+                continue
+            flat = shape[:first] + [mask.numel()] + shape[first + mask.dim() :]
+            with ep.graph.inserting_before(node):
+                source = ep.graph.call_function(_reshape_op(dialect), (source, flat))
+        node.args = (source, [None] * first + [positions])
+        rewritten += 1
+    if rewritten:
+        _repropagate_shapes(ep)
+        constants.remove_unused()
+    return rewritten
+
+
+def _repropagate_shapes(ep: ExportedProgram) -> None:
+    """Recompute every node's fake value once data-dependent sizes became static,
+    then drop the size checks and unbacked symbols that no longer mean anything."""
+    ep.graph_module.recompile()
+    fake_mode = detect_fake_mode([n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"])
+    inputs = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
+    FakeTensorProp(ep.graph_module, fake_mode).propagate_dont_convert_inputs(*inputs)
+    for node in list(ep.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is aten._assert_scalar.default:
+            if not isinstance(node.args[0], torch.fx.Node):
+                if not node.args[0]:
+                    raise ValueError(f"size check {node.args[1]!r} fails once the mask is constant")
+                ep.graph.erase_node(node)
+        elif type(node.meta.get("val")) in (int, bool):  # a size query that became static
+            _replace_with_literal(node, node.meta["val"])
+    ep.graph.eliminate_dead_code()
+    live = set()
+    for node in ep.graph.nodes:
+        for leaf in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(leaf, torch.Tensor):
+                live |= {s for d in leaf.shape if isinstance(d, torch.SymInt) for s in d.node.expr.free_symbols}
+            elif isinstance(leaf, torch.SymInt):
+                live |= set(leaf.node.expr.free_symbols)
+    ep._range_constraints = {s: r for s, r in ep.range_constraints.items() if s in live or not str(s).startswith("u")}
+
+
+def _replace_with_literal(node: torch.fx.Node, value: Any) -> None:
+    for user in list(node.users):
+        user.args = pytree.tree_map_only(torch.fx.Node, lambda a: value if a is node else a, user.args)
+        user.kwargs = pytree.tree_map_only(torch.fx.Node, lambda a: value if a is node else a, user.kwargs)
 
 
 class Fold(Stage):
+    """Options: `skip_ops` (added to the dialect's defaults), `replace_skip_ops` (use only `skip_ops`)."""
+
     name = "fold"
     takes = AtenProgram
     returns = AtenProgram
 
+    def __init__(self, skip_ops: Iterable = (), replace_skip_ops: bool = False) -> None:
+        self.skip_ops = frozenset(skip_ops)
+        self.replace_skip_ops = replace_skip_ops
+
     def run(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
-        return program
+        skip = self.skip_ops if self.replace_skip_ops else default_skip_ops(ATEN) | self.skip_ops
+        if not needs_folding(program.program, skip):
+            ctx.metrics["folded"] = 0
+            return program
+        ep = copy_program(program.program)
+        result = fold_constants(ep, ATEN, skip)
+        ctx.metrics.update(
+            folded=result.nodes_folded,
+            constants=result.constants_created,
+            bytes_added=result.bytes_added,
+            bytes_removed=result.bytes_removed,
+        )
+        if result.masks_to_positions:
+            ctx.metrics["masks"] = result.masks_to_positions
+        return AtenProgram(ep)

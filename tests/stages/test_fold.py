@@ -1,0 +1,218 @@
+"""The fold stage: dialect-aware folding, skip sets, constant bool masks.
+
+Each behaviour is checked against stock ExecuTorch 1.5.1's constant_prop_pass,
+which gets it wrong on ATen programs.
+"""
+
+import copy
+import io
+import logging
+
+import pytest
+import torch
+from torch._export.verifier import SpecViolationError
+
+import compiler
+from compiler.ir.artifacts import AtenProgram
+from compiler.ir.dialect import op_name
+from compiler.stages.base import StageContext
+from compiler.stages.fold import Fold, fold_constants
+from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
+from executorch.exir.dialects._ops import ops as exir_ops
+from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+
+def export(module, inputs):
+    with torch.no_grad():
+        return torch.export.export(module, inputs)
+
+
+def fold(ep, **options):
+    ctx = StageContext(backend=None)
+    return Fold(**options).run(AtenProgram(ep), ctx).program, ctx.metrics
+
+
+def ops_of(ep):
+    return [op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+class ConstantOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x + 1, self.w.t() * 2  # the second output is constant
+
+
+def test_stock_puts_an_edge_clone_into_an_aten_program():
+    ep = constant_prop_pass(export(ConstantOutput(), (torch.randn(4, 4),)))
+    with pytest.raises(SpecViolationError, match="is not an allowed operator type"):
+        ep._validate()
+
+
+def test_folded_output_gets_an_aten_clone_on_an_aten_program(tmp_path):
+    model, inputs = ConstantOutput(), (torch.randn(4, 4),)
+    folded, metrics = fold(export(model, inputs))
+    assert "aten.clone.default" in ops_of(folded)
+    assert "aten.t.default" not in ops_of(folded) and "aten.mul.Tensor" not in ops_of(folded)
+    folded._validate()
+    torch.export.save(folded, tmp_path / "folded.pt2")
+    assert metrics["folded"] == 2 and metrics["constants"] == 1
+    for out, want in zip(folded.module()(*inputs), model(*inputs)):
+        torch.testing.assert_close(out, want)
+
+
+def test_folded_output_gets_the_dim_order_clone_on_an_edge_program():
+    ep = to_edge(export(ConstantOutput(), (torch.randn(4, 4),))).exported_program()
+    fold_constants(ep, "edge")
+    clones = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert exir_ops.edge.dim_order_ops._clone_dim_order.default in clones
+    ep._validate()
+
+
+class AddFull(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.full((256, 256), 3.0)
+
+
+def test_stock_folds_full_into_a_large_constant():
+    ep = constant_prop_pass(export(AddFull(), (torch.randn(256, 256),)))
+    assert sum(t.numel() * t.element_size() for t in ep.constants.values()) >= 256 * 256 * 4
+
+
+def test_full_stays_an_op_on_an_aten_program():
+    folded, metrics = fold(export(AddFull(), (torch.randn(256, 256),)))
+    assert "aten.full.default" in ops_of(folded)
+    assert not folded.constants and metrics["folded"] == 0
+
+
+def test_user_skip_ops_add_to_the_defaults_and_can_replace_them():
+    class Both(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            return x @ self.w.t() + torch.full((3,), 1.0)
+
+    ep = export(Both(), (torch.randn(3, 3),))
+    added, _ = fold(ep, skip_ops={torch.ops.aten.t.default})
+    assert {"aten.t.default", "aten.full.default"} <= set(ops_of(added))
+    replaced, _ = fold(ep, skip_ops={torch.ops.aten.t.default}, replace_skip_ops=True)
+    assert "aten.t.default" in ops_of(replaced) and "aten.full.default" not in ops_of(replaced)
+
+
+def test_dequantize_of_a_quantized_weight_is_not_folded():
+    class Quantized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("qweight", torch.randint(-128, 127, (8, 8), dtype=torch.int8))
+
+        def forward(self, x):
+            w = torch.ops.quantized_decomposed.dequantize_per_tensor(self.qweight, 0.05, 0, -128, 127, torch.int8)
+            return x @ w
+
+    folded, _ = fold(export(Quantized(), (torch.randn(2, 8),)))
+    assert "quantized_decomposed.dequantize_per_tensor.default" in ops_of(folded)
+    assert all(t.dtype == torch.int8 for t in folded.state_dict.values())
+
+
+def test_mutable_buffer_is_never_folded():
+    class Accumulate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("total", torch.zeros(4))
+
+        def forward(self, x):
+            self.total.add_(x)
+            return self.total * 3  # reads the state after the update: not a constant
+
+    ep = export(Accumulate(), (torch.randn(4),))
+    folded, metrics = fold(ep)
+    assert metrics["folded"] == 0
+    assert "total" in folded.state_dict and "aten.mul.Tensor" in ops_of(folded)
+    functional = ep.run_decompositions({})  # the same program after functionalization
+    assert "total" in functional.graph_signature.buffers_to_mutate.values()
+    folded, metrics = fold(functional)
+    assert metrics["folded"] == 0 and "aten.mul.Tensor" in ops_of(folded)
+
+
+def test_zero_stride_result_is_stored_contiguous():
+    class Expand(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.v = torch.nn.Parameter(torch.randn(1, 4))
+
+        def forward(self, x):
+            return x + self.v.expand(4, 4) * 1.0
+
+    folded, _ = fold(export(Expand(), (torch.randn(4, 4),)))
+    assert folded.constants and all(t.is_contiguous() and 0 not in t.stride() for t in folded.constants.values())
+
+
+def test_control_flow_is_skipped_with_a_warning(caplog):
+    class Branch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3))
+
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda a: a + self.w, lambda a: a - self.w, (x,)) + self.w * 2
+
+    ep = export(Branch(), (torch.randn(3),))
+    with caplog.at_level(logging.WARNING, logger="compiler.stages.fold"):
+        folded, metrics = fold(ep)
+    assert "control flow" in caplog.text
+    assert metrics["folded"] == 1  # self.w * 2, outside the branch
+    folded._validate()
+
+
+class Masks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.tensor([True, False, True, True, False, True]))
+        self.register_buffer("mask2d", torch.rand(3, 6, generator=torch.Generator().manual_seed(0)) > 0.5)
+        self.register_buffer("scores", torch.randn(6, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x):
+        folded_mask = self.scores > 0  # a mask the fold stage itself computes
+        return x[:, self.mask] * 2, x[self.mask2d] + 1, x[:, folded_mask]
+
+
+def test_stock_cannot_emit_a_constant_bool_mask_index():
+    ep = export(Masks(), (torch.randn(3, 6),))
+    with pytest.raises(Exception, match="GuardOnDataDependentSymNode|data-dependent"):
+        to_edge_transform_and_lower(ep).to_executorch()
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_constant_bool_masks_become_positions_and_match_eager(backend):
+    model, inputs = Masks(), (torch.randn(3, 6),)
+    artifact = compiler.compile(model, inputs, backend)
+    folded = artifact.stages["fold"].program
+    index_nodes = [n for n in folded.graph.nodes if n.target == torch.ops.aten.index.Tensor]
+    assert len(index_nodes) == 3
+    for node in index_nodes:
+        (position,) = [i for i in node.args[1] if i is not None]
+        assert node.meta["val"].shape.numel() == int(node.meta["val"].numel())  # static shape
+        assert position.meta["val"].dtype == torch.int64
+    # the 2-D mask indexes once with flat positions, not once per dimension
+    flat = [n for n in index_nodes if len(n.args[1]) == 1][0]
+    assert flat.args[0].target == torch.ops.aten.reshape.default
+    assert artifact.report.stage("fold").metrics["masks"] == 3
+    check = compiler.compare_with_eager(artifact, model, inputs)
+    assert check.max_abs_error < 1e-5
+
+
+def test_fold_numbers_are_in_the_stage_table():
+    artifact = compiler.compile(ConstantOutput(), (torch.randn(4, 4),), "portable")
+    table = artifact.report.format_stages()
+    fold_row = next(line for line in table.splitlines() if line.startswith("fold"))
+    assert "folded=2" in fold_row and "constants=1" in fold_row and "bytes_added=64" in fold_row
+
+
+def test_nothing_to_fold_returns_the_input_unchanged():
+    model = torch.nn.Linear(4, 4)
+    program = AtenProgram(export(model, (torch.randn(2, 4),)))
+    assert Fold().run(program, StageContext(backend=None)) is program
