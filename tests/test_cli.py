@@ -21,7 +21,7 @@ def test_compile_check_prints_stage_table_and_error(capsys, tmp_path):
     assert main(["compile", "mlp", "--backend", "xnnpack", "--check", "-o", str(out_file)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["stage", "time", "s"]
-    for stage in ("capture", "fold", "decompose", "partition", "lower", "emit", "total"):
+    for stage in ("capture", "fold", "decompose", "partition", "split_constants", "lower", "emit", "total"):
         assert f"\n{stage} " in out
     assert "max abs error" in out and "OK" in out
     assert out_file.stat().st_size > 0

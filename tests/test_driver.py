@@ -16,7 +16,7 @@ from compiler.stages import DEFAULT_STAGES, STAGE_NAMES
 
 
 def test_pipeline_whose_types_do_not_chain_is_refused_before_running():
-    capture, fold, decompose, partition, lower, emit = DEFAULT_STAGES
+    capture, fold, decompose, partition, split, lower, emit = DEFAULT_STAGES
     with pytest.raises(PipelineError) as err:
         Pipeline([capture, partition, lower])
     assert "'capture' returns AtenProgram" in str(err.value)
@@ -70,7 +70,7 @@ def test_dump_dir_holds_text_and_resumable_file_per_stage(small_model, tmp_path)
     names = sorted(os.listdir(tmp_path))
     for i, stage in enumerate(STAGE_NAMES, start=1):
         assert f"{i:02d}-{stage}.txt" in names
-    assert "06-emit.pte" in names
+    assert "07-emit.pte" in names
     assert "04-partition.stage" in names
     assert "aten_cumsum_default" in (tmp_path / "03-decompose.txt").read_text()
 
@@ -81,7 +81,7 @@ def test_print_after_change_prints_only_stages_that_changed(small_model):
     compiler.compile(model, inputs, "xnnpack", print_after_change=out)
     text = out.getvalue()
     assert "after capture" in text and "after decompose" in text and "after lower" in text
-    assert "after fold" not in text  # fold is a pass-through for now
+    assert "after fold" not in text  # nothing to fold in this model
 
 
 class FlakyXnnpack(XnnpackBackend):

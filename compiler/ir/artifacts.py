@@ -99,7 +99,6 @@ class PartitionedProgram:
         inv.program_validates,
         inv.edge_ops_only,
         inv.constants_listed_once,
-        inv.constant_tags_match_users,
         inv.mutable_buffers_not_split,
         inv.delegate_inputs_have_supported_dtypes,
         inv.cpu_ops_have_kernels,
@@ -114,6 +113,13 @@ class PartitionedProgram:
 
     def graph_text(self) -> str:
         return graph_text(self.program)
+
+
+@attrs.frozen
+class SplitProgram(PartitionedProgram):
+    """A partitioned program in which every constant a delegate owns is read only by that delegate."""
+
+    invariants: ClassVar[tuple] = PartitionedProgram.invariants + (inv.constant_tags_match_users,)
 
 
 @attrs.frozen
@@ -173,6 +179,7 @@ STAGE_ARTIFACT_TYPES = (
     AtenProgram,
     EdgeProgram,
     PartitionedProgram,
+    SplitProgram,
     LoweredProgram,
     ExecutorchProgram,
 )

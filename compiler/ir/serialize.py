@@ -24,6 +24,7 @@ from compiler.ir.artifacts import (
     EdgeProgram,
     LoweredProgram,
     PartitionedProgram,
+    SplitProgram,
 )
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
@@ -33,7 +34,9 @@ FORMAT_VERSION = 1
 MANIFEST = "compiler_manifest.json"
 SUFFIX = ".stage"
 
-RESUMABLE_TYPES = {t.__name__: t for t in (AtenProgram, EdgeProgram, PartitionedProgram, LoweredProgram)}
+RESUMABLE_TYPES = {
+    t.__name__: t for t in (AtenProgram, EdgeProgram, PartitionedProgram, SplitProgram, LoweredProgram)
+}
 
 
 @attrs.frozen

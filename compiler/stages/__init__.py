@@ -12,8 +12,17 @@ from compiler.stages.emit import Emit
 from compiler.stages.fold import Fold
 from compiler.stages.lower import Lower
 from compiler.stages.partition import Partition
+from compiler.stages.split_constants import SplitConstants
 
-DEFAULT_STAGES: tuple[Stage, ...] = (Capture(), Fold(), Decompose(), Partition(), Lower(), Emit())
+DEFAULT_STAGES: tuple[Stage, ...] = (
+    Capture(),
+    Fold(),
+    Decompose(),
+    Partition(),
+    SplitConstants(),
+    Lower(),
+    Emit(),
+)
 
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in DEFAULT_STAGES)
 

@@ -11,7 +11,7 @@ from torch.export import ExportedProgram
 from executorch.exir.backend.backend_api import MethodProgramsPartitionerSpec, to_backend
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 
-from compiler.ir.artifacts import LoweredProgram, PartitionedProgram
+from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
 from compiler.stages.base import Stage, StageContext
@@ -37,10 +37,10 @@ class ReplayPartitioner(Partitioner):
 
 class Lower(Stage):
     name = "lower"
-    takes = PartitionedProgram
+    takes = SplitProgram
     returns = LoweredProgram
 
-    def run(self, partitioned: PartitionedProgram, ctx: StageContext) -> LoweredProgram:
+    def run(self, partitioned: SplitProgram, ctx: StageContext) -> LoweredProgram:
         if not partitioned.plan.partitions:
             return LoweredProgram(partitioned.program, partitioned.plan)
         spec = MethodProgramsPartitionerSpec(
