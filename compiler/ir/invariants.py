@@ -128,31 +128,32 @@ def constant_tags_match_users(artifact) -> Violation | None:
 
 
 @invariant(
-    "a mutable buffer must live entirely in one delegate or on the CPU; "
-    "move the ops that use it together (for Core ML: take_over_mutable_buffer=False)"
+    "a mutable buffer a delegate takes over must be used only inside it; move the ops "
+    "that use it together, or keep the state on the CPU (Core ML: take_over_mutable_buffer=False)"
 )
 def mutable_buffers_not_split(artifact) -> Violation | None:
+    """A delegate that owns a buffer's state cannot share it: the other side would read stale values.
+    (A buffer the CPU owns may be read by a delegate as an ordinary input.)"""
     ep = artifact.program
     mutated = mutated_buffer_targets(ep)
     if not mutated:
         return None
-    # The ops that touch a buffer: those reading it, and the one producing its new value.
     writers = {spec.target: spec.arg.name for spec in ep.graph_signature.output_specs if spec.target in mutated}
     nodes = {n.name: n for n in ep.graph.nodes}
     bad = []
     for spec in ep.graph_signature.input_specs:
-        if spec.target not in mutated:
+        placeholder = nodes.get(spec.arg.name)
+        if spec.target not in mutated or placeholder is None or not placeholder.meta.get(DELEGATION_TAG):
             continue
-        touching = list(nodes[spec.arg.name].users)
+        touching = [n for n in placeholder.users if n.op == "call_function"]
         writer = nodes.get(writers.get(spec.target, ""))
-        if writer is not None and writer not in touching:
+        if writer is not None and writer.op == "call_function" and writer not in touching:
             touching.append(writer)
-        touching = [n for n in touching if n.op == "call_function"]
-        where = {n.meta.get(DELEGATION_TAG) or "cpu" for n in touching}
-        if len(where) > 1:
+        owner = placeholder.meta[DELEGATION_TAG]
+        if any(n.meta.get(DELEGATION_TAG) != owner for n in touching):
             bad += [f"{n.name} on {n.meta.get(DELEGATION_TAG) or 'cpu'}" for n in touching]
     if bad:
-        return Violation("a mutable buffer is used both by a delegate and elsewhere", tuple(bad))
+        return Violation("a mutable buffer owned by a delegate is also used outside it", tuple(bad))
     return None
 
 

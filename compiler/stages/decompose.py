@@ -19,11 +19,12 @@ from executorch.exir.program._program import (
     _restore_transformed_ops_to_aten_ops,
     aten_op_to_transform_op,
 )
+from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 from executorch.exir.tracer import _default_decomposition_table
 
 from compiler.backends.base import KeepWhole
 from compiler.ir.artifacts import AtenProgram, EdgeProgram
-from compiler.ir.dialect import op_name
+from compiler.ir.dialect import ATEN, op_dialect, op_name
 from compiler.ir.graph import call_nodes
 from compiler.stages.base import Stage, StageContext
 
@@ -53,6 +54,23 @@ def decompose(
     return decomposed, sorted({target for _, target in renamed}, key=str)
 
 
+def finish_edge_ops(program: ExportedProgram) -> int:
+    """Turn ATen ops that ExecuTorch's post-conversion passes left behind into Edge ops.
+
+    Stock 1.5.1's Edge passes insert `aten.scalar_tensor` (e.g. for the
+    `masked_fill` inside `nn.MultiheadAttention` with a bool mask) after the
+    ATen-to-Edge replacement has run, leaving an ATen op in the Edge program.
+    """
+    fixed = 0
+    for node in call_nodes(program):
+        if op_dialect(node.target) == ATEN:
+            node.target = aten_to_edge(node.target)
+            fixed += 1
+    if fixed:
+        program.graph_module.recompile()
+    return fixed
+
+
 class Decompose(Stage):
     name = "decompose"
     takes = AtenProgram
@@ -62,6 +80,7 @@ class Decompose(Stage):
         keep = ctx.backend.keep_whole(aten.program)
         program, preserved = decompose(aten.program, keep)
         edge = _generate_edge_program(EdgeCompileConfig(), program, preserve_ops=preserved)
+        finish_edge_ops(edge)
         if preserved:
             ctx.metrics["kept_whole"] = len(preserved)
         return EdgeProgram(edge, tuple(op_name(op) for op in preserved))

@@ -128,6 +128,10 @@ def test_mutable_buffer_split_between_delegate_and_cpu_is_refused():
     buffer = next(n for n in program.graph.nodes if n.name == "b_count")
     users = list(buffer.users)
     users[0].meta["delegation_tag"] = "tag0"
+    # A delegate reading CPU-owned state as an input is fine ...
+    inv.mutable_buffers_not_split.verify(PartitionedProgram(program, PlacementPlan(())), "partition")
+    # ... but not state the delegate took over.
+    buffer.meta["delegation_tag"] = "tag0"
     with pytest.raises(VerificationError) as err:
         inv.mutable_buffers_not_split.verify(PartitionedProgram(program, PlacementPlan(())), "partition")
     assert any("on tag0" in n for n in err.value.nodes) and any("on cpu" in n for n in err.value.nodes)
