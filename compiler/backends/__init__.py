@@ -15,6 +15,7 @@ from compiler.ir.errors import UserInputError
 _REGISTRY = {
     "portable": "compiler.backends.portable:PortableBackend",
     "xnnpack": "compiler.backends.xnnpack:XnnpackBackend",
+    "coreml": "compiler.backends.coreml:CoreMLBackend",
 }
 
 

@@ -1,0 +1,219 @@
+"""The Core ML backend: ExecuTorch's Core ML delegate with our refusal rules and conversion fixes.
+
+Options are those of ExecuTorch's `CoreMLPartitioner`, with the same names and
+meaning (`compile_specs`, `skip_ops_for_coreml_delegation`,
+`take_over_mutable_buffer`, `take_over_constant_data`, `lower_full_graph`),
+plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
+"iOS18"), which is written into the compile specs.
+
+- `rules.py`: every reason an op stays on the CPU, one predicate each;
+- `search.py`: the partition search that asks them;
+- `conversion.py`: fixes to coremltools' conversion, installed by `lowering()`;
+- `payload.py`: reads a Core ML payload back (its MIL program), for checks and tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+import coremltools as ct
+import torch
+from torch.export import ExportedProgram
+
+from executorch.backends.apple.coreml.compiler import CoreMLBackend as _ExecutorchCoreMLBackend
+from executorch.backends.apple.coreml.compiler.coreml_preprocess import COMPILE_SPEC_KEYS
+from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec
+
+from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.backends.coreml import conversion, rules, search
+from compiler.ir.dialect import op_name
+from compiler.ir.errors import CompileError, UserInputError
+from compiler.ir.graph import DELEGATION_TAG, op_nodes
+
+BACKEND_ID = _ExecutorchCoreMLBackend.__name__
+STAGE = "partition"
+
+
+class CoreMLRefusal(CompileError):
+    """`lower_full_graph=True`, but Core ML refuses some ops."""
+
+
+class CoreMLStateSplit(CompileError):
+    """A mutable buffer Core ML would take over is also used on the CPU."""
+
+
+def _deployment_target(value: Any) -> Optional[ct.target]:
+    if value is None or isinstance(value, ct.target):
+        return value
+    try:
+        if isinstance(value, str):
+            return ct.target[value] if value in ct.target.__members__ else ct.target(int(value))
+        return ct.target(int(value))
+    except (KeyError, ValueError) as exc:
+        raise UserInputError(
+            f"minimum_deployment_target {value!r} is not a coremltools target",
+            hint=f"use one of: {', '.join(ct.target.__members__)}",
+        ) from exc
+
+
+def _target_from_specs(specs: Iterable[CompileSpec]) -> Optional[ct.target]:
+    return _ExecutorchCoreMLBackend.min_deployment_target_from_compile_specs(list(specs))
+
+
+class CoreMLBackend(Backend):
+    name = "coreml"
+    refused_input_dtypes = rules.REFUSED_DTYPES
+
+    def __init__(
+        self,
+        *,
+        compile_specs: Optional[list[CompileSpec]] = None,
+        skip_ops_for_coreml_delegation: Optional[list[str]] = None,
+        take_over_mutable_buffer: bool = True,
+        take_over_constant_data: bool = True,
+        lower_full_graph: bool = False,
+        minimum_deployment_target: Any = None,
+    ) -> None:
+        skipped = list(skip_ops_for_coreml_delegation or [])
+        if lower_full_graph and (skipped or not take_over_constant_data or not take_over_mutable_buffer):
+            raise UserInputError(
+                "lower_full_graph=True cannot be combined with skip_ops_for_coreml_delegation, "
+                "take_over_constant_data=False or take_over_mutable_buffer=False",
+                hint="drop those options, or set lower_full_graph=False",
+            )
+        specs = list(compile_specs or [])
+        target = _deployment_target(minimum_deployment_target)
+        in_specs = any(s.key == COMPILE_SPEC_KEYS.MIN_DEPLOYMENT_TARGET.value for s in specs)
+        if target is not None:
+            if in_specs and _target_from_specs(specs) != target:
+                raise UserInputError(
+                    f"minimum_deployment_target={target.name} disagrees with the one in compile_specs "
+                    f"({_target_from_specs(specs)})",
+                    hint="give the deployment target once",
+                )
+            if not in_specs:
+                specs.append(_ExecutorchCoreMLBackend.generate_minimum_deployment_target_compile_spec(target))
+        if any(s.key == COMPILE_SPEC_KEYS.ENUMERATED_SHAPES.value for s in specs) and not lower_full_graph:
+            raise UserInputError(
+                "enumerated shapes in compile_specs need lower_full_graph=True",
+                hint="set lower_full_graph=True",
+            )
+        self.compile_specs = specs
+        self.skip_ops_for_coreml_delegation = skipped
+        self.take_over_mutable_buffer = take_over_mutable_buffer
+        self.take_over_constant_data = take_over_constant_data
+        self.lower_full_graph = lower_full_graph
+        self.rule_context = rules.RuleContext(
+            minimum_deployment_target=_target_from_specs(specs),
+            skipped_ops=frozenset(rules.normalise_op_name(op) for op in skipped),
+        )
+        self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
+
+    # --- what to keep whole -----------------------------------------------------------
+
+    def keep_whole(self, program: ExportedProgram) -> KeepWhole:
+        stock = CoreMLPartitioner(
+            skip_ops_for_coreml_delegation=self.skip_ops_for_coreml_delegation,
+            compile_specs=None,
+            take_over_mutable_buffer=self.take_over_mutable_buffer,
+            take_over_constant_data=self.take_over_constant_data,
+        )
+        ops, _ = stock.ops_to_not_decompose(program)
+        return KeepWhole(frozenset(ops), self._may_keep_whole)
+
+    def _may_keep_whole(self, node: torch.fx.Node) -> bool:
+        """Keep whole only nodes no rule sends to the CPU (a kept-whole op on the CPU may have no kernel)."""
+        if rules.refusal(node, self.rule_context):
+            return False
+        touched = rules.tensor_dtypes(node).union(*(rules.tensor_dtypes(a) for a in node.all_input_nodes))
+        return not touched & rules.REFUSED_DTYPES
+
+    # --- partition --------------------------------------------------------------------
+
+    def partition(self, program: ExportedProgram) -> BackendPartition:
+        result = search.search(
+            program, self.rule_context, self.take_over_constant_data, self.take_over_mutable_buffer
+        )
+        if self.lower_full_graph:
+            self._refuse_any_cpu_op(program, result)
+        tags = search.tag(result)
+        if self.take_over_constant_data:
+            search.tag_constants(program)
+        if self.take_over_mutable_buffer:
+            self._tag_state(program)
+        reasons = {node.name: reason for node, reason in result.refused.items()}
+        return BackendPartition({t: self.delegation_spec for t in tags}, reasons)
+
+    def _refuse_any_cpu_op(self, program: ExportedProgram, result: search.SearchResult) -> None:
+        inside = {n for p in result.partitions for n in p.nodes}
+        refused = [n for n in op_nodes(program) if n not in inside]
+        if not refused:
+            return
+        details = [
+            f"{n.name} ({op_name(n.target)}, reading {', '.join(a.name for a in n.all_input_nodes) or 'nothing'}): "
+            f"{result.refused.get(n, self.default_cpu_reason(n))}"
+            for n in refused
+        ]
+        first = refused[0]
+        raise CoreMLRefusal(
+            f"lower_full_graph=True, but Core ML cannot take {len(refused)} op(s); first: "
+            f"{op_name(first.target)} ({details[0].split(': ', 1)[1]})\n    " + "\n    ".join(details),
+            stage=STAGE,
+            nodes=[n.name for n in refused],
+            hint="Set lower_full_graph=False to run them on the CPU, or rewrite the model to avoid them",
+        )
+
+    def _tag_state(self, program: ExportedProgram) -> None:
+        """Core ML takes a mutable buffer over as state only if every op using it is in one partition."""
+        signature = program.graph_signature
+        mutated = set(signature.buffers_to_mutate.values())
+        writers = {target: name for name, target in signature.buffers_to_mutate.items()}
+        nodes = {n.name: n for n in program.graph.nodes}
+        for spec in signature.input_specs:
+            if spec.target not in mutated:
+                continue
+            buffer = nodes[spec.arg.name]
+            touching = [u for u in buffer.users if u.op == "call_function"]
+            writer = nodes.get(writers.get(spec.target, ""))
+            if writer is not None and writer.op == "call_function":
+                # The new value is the state too: ops reading it count as using the buffer.
+                for node in [writer, *writer.users]:
+                    if node.op == "call_function" and node not in touching:
+                        touching.append(node)
+            where = {u.meta.get(DELEGATION_TAG) for u in touching}
+            if where == {None} or not where:
+                continue  # state only the CPU uses stays on the CPU
+            if len(where) == 1 and None not in where:
+                if not self.rule_context.ios18:
+                    raise UserInputError(
+                        f"the mutable buffer {spec.target!r} would become Core ML state, which needs "
+                        "iOS 18 (stock: 'State model is supported only >= iOS18')",
+                        stage=STAGE,
+                        nodes=[u.name for u in touching],
+                        hint="set minimum_deployment_target='iOS18' (or later), or "
+                        "take_over_mutable_buffer=False to keep the buffer on the CPU",
+                    )
+                buffer.meta[DELEGATION_TAG] = where.pop()
+                continue
+            placed = [f"{u.name} ({op_name(u.target)}) on {u.meta.get(DELEGATION_TAG) or 'cpu'}" for u in touching]
+            raise CoreMLStateSplit(
+                f"the mutable buffer {spec.target!r} would become Core ML state, but it is used both "
+                f"in Core ML and elsewhere: {'; '.join(placed)}",
+                stage=STAGE,
+                nodes=[u.name for u in touching],
+                hint="set take_over_mutable_buffer=False to keep the buffer on the CPU, "
+                "or make the ops that use it run in Core ML",
+            )
+
+    def default_cpu_reason(self, node: torch.fx.Node) -> str:
+        return f"not in a Core ML partition ({op_name(node.target)})"
+
+    # --- lowering ---------------------------------------------------------------------
+
+    def lowering(self):
+        return conversion.installed()
+
+
+__all__ = ["CoreMLBackend", "CoreMLRefusal", "CoreMLStateSplit"]

@@ -1,0 +1,169 @@
+"""Fixes to coremltools' torch-op conversion, active only while our programs are lowered.
+
+Each fix wraps the converter coremltools (or ExecuTorch) registered for some
+torch ops; `installed()` puts the wrappers into coremltools' torch-op registry
+and puts the originals back afterwards, so nothing changes for other users of
+coremltools in the process.
+
+- fills convert with the dtype torch gives them (`torch.full((1, 16), 0)` is
+  int64, so int32 in Core ML, not fp32; `zeros_like(mask, dtype=float)` in
+  `nn.MultiheadAttention` is float, not bool) unless the fill value is only
+  known at run time;
+- `rms_norm` without eps gets torch's default, the dtype's machine epsilon
+  (stock: "got 3 input(s), expected [4]");
+- `gelu(approximate="tanh")` reads `approximate` from the keyword arguments
+  (stock silently converts the exact gelu);
+- an op that coremltools converts to its own input (clone, alias, a same-dtype
+  copy...) gets a real identity, so an output never repeats an input or another
+  output in the payload (stock returns the input tensor itself as an output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+# Importing ExecuTorch's Core ML compiler registers its own converters first, so we wrap those.
+import executorch.backends.apple.coreml.compiler  # noqa: F401
+from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+from coremltools.converters.mil.mil import types
+
+Converter = Callable[..., None]
+
+
+def _context_var(context, name):
+    return context[name] if isinstance(name, str) and name in context else None
+
+
+def _core_ml_dtype(dtype: torch.dtype) -> str | None:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_floating_point:
+        return "fp16" if dtype == torch.float16 else "fp32"
+    if not dtype.is_complex:
+        return "int32"  # Core ML's only integer dtype for computed tensors
+    return None
+
+
+# --- fills --------------------------------------------------------------------------
+
+# Converter name -> position of the fill value among the node's inputs (None: no value).
+_FILLS = {
+    "full": 1,
+    "full_like": 1,
+    "new_full": 2,
+    "fill": 1,
+    "scalar_tensor": 0,
+    "zeros": None,
+    "ones": None,
+    "zeros_like": None,
+    "ones_like": None,
+    "new_zeros": None,
+    "new_ones": None,
+    "empty": None,
+    "empty_like": None,
+    "new_empty": None,
+    "empty.memory_format": None,
+    "dim_order_ops._empty_dim_order": None,
+}
+
+
+def _fill_with_torch_dtype(original: Converter, value_index: int | None) -> Converter:
+    @functools.wraps(original)
+    def convert(context, node):
+        if value_index is not None and len(node.inputs) > value_index:
+            value = _context_var(context, node.inputs[value_index])
+            if value is not None and value.val is None:
+                return original(context, node)  # a run-time fill value: keep coremltools' way
+        original(context, node)
+        expected = node.meta.get("val") if node.meta else None
+        dtype = _core_ml_dtype(expected.dtype) if isinstance(expected, torch.Tensor) else None
+        result = _context_var(context, node.name)
+        if dtype is None or result is None or types.builtin_to_string(result.dtype) == dtype:
+            return
+        result.name = f"{node.name}_as_converted"
+        context.add(mb.cast(x=result, dtype=dtype, name=node.name), torch_name=node.name, override=True)
+
+    return convert
+
+
+# --- rms_norm -----------------------------------------------------------------------
+
+
+def _rms_norm_default_eps(original: Converter) -> Converter:
+    @functools.wraps(original)
+    def convert(context, node):
+        if len(node.inputs) < 4:
+            expected = node.meta.get("val") if node.meta else None
+            dtype = expected.dtype if isinstance(expected, torch.Tensor) else torch.float32
+            # torch's RMSNorm with eps=None uses the input dtype's machine epsilon.
+            eps = float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps)
+            padded = tuple(node.inputs) + (None,) * (3 - len(node.inputs))
+            node.inputs = padded + (eps,)
+        original(context, node)
+
+    return convert
+
+
+# --- gelu ---------------------------------------------------------------------------
+
+
+def _gelu_keyword_approximate(original: Converter) -> Converter:
+    @functools.wraps(original)
+    def convert(context, node):
+        approximate = (node.kwinputs or {}).get("approximate")
+        if approximate and approximate[0] == "tanh" and len(node.inputs) == 1:
+            x = context[node.inputs[0]]
+            context.add(mb.gelu(x=x, mode="TANH_APPROXIMATION", name=node.name))
+            return
+        original(context, node)
+
+    return convert
+
+
+# --- outputs that alias inputs ------------------------------------------------------
+
+
+def _never_alias(original: Converter) -> Converter:
+    @functools.wraps(original)
+    def convert(context, node):
+        original(context, node)
+        if len(node.outputs) != 1 or not node.inputs:
+            return
+        result = _context_var(context, node.outputs[0])
+        source = _context_var(context, node.inputs[0])
+        if result is not None and result is source:
+            copy = mb.identity(x=source, name=node.outputs[0])
+            context.add(copy, torch_name=node.outputs[0], override=True)
+
+    return convert
+
+
+def _fixes() -> dict[str, Callable[[Converter], Converter]]:
+    registry = _TORCH_OPS_REGISTRY.name_to_func_mapping
+    fixes: dict[str, Callable[[Converter], Converter]] = {name: _never_alias for name in registry}
+    for name, index in _FILLS.items():
+        if name in registry:
+            fixes[name] = lambda f, i=index: _never_alias(_fill_with_torch_dtype(f, i))
+    fixes["rms_norm"] = _rms_norm_default_eps
+    fixes["gelu"] = _gelu_keyword_approximate
+    return fixes
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """Our conversion fixes in coremltools' torch-op registry, for the duration of the block."""
+    registry = _TORCH_OPS_REGISTRY.name_to_func_mapping
+    saved = dict(registry)
+    try:
+        for name, fix in _fixes().items():
+            registry[name] = fix(saved[name])
+        yield
+    finally:
+        registry.clear()
+        registry.update(saved)

@@ -1,0 +1,283 @@
+"""Every reason the Core ML backend leaves an op on the CPU, one small predicate each.
+
+Two kinds of rule:
+
+- node rules look at one node (its op, arguments, dtypes and ranks) and hold
+  wherever the node ends up;
+- partition rules look at a node inside a proposed Core ML partition (what it
+  reads from outside, who uses its result) and are asked again after every
+  search, until no partition breaks one.
+
+A rule returns None when it does not apply, or the one-line reason the node
+runs on the CPU. Each names the upstream coremltools / ExecuTorch issue it works
+around where there is one, so it can be dropped when that is fixed. Rules take
+ATen and Edge spellings alike (the keep-whole filter asks them on ATen nodes).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, Collection, Optional
+
+import attrs
+import coremltools as ct
+import torch
+from executorch.backends.apple.coreml.partition import coreml_partitioner as stock
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+from compiler.ir.dialect import op_name
+
+# Dtypes Core ML cannot take as model inputs or give as outputs (stock: `KeyError: torch.uint8`).
+REFUSED_DTYPES = frozenset({torch.uint8, torch.int8, torch.bfloat16})
+CORE_ML_MAX_RANK = 5
+
+
+@attrs.frozen
+class RuleContext:
+    """What node rules may depend on besides the node: the user's options."""
+
+    minimum_deployment_target: Optional[ct.target] = None
+    # Normalised op names (see `normalise_op_name`) the user asked to keep off Core ML.
+    skipped_ops: frozenset[str] = frozenset()
+
+    @property
+    def ios18(self) -> bool:
+        target = self.minimum_deployment_target
+        return target is not None and target >= ct.target.iOS18
+
+
+@attrs.frozen
+class Rule:
+    name: str
+    check: Callable[..., Optional[str]]
+    issue: Optional[str] = None
+
+
+NODE_RULES: list[Rule] = []
+
+
+def node_rule(issue: Optional[str] = None):
+    def register(check: Callable[[torch.fx.Node, RuleContext], Optional[str]]) -> Rule:
+        rule = Rule(check.__name__, check, issue)
+        NODE_RULES.append(rule)
+        return rule
+
+    return register
+
+
+def _with_issue(reason: str, rule: Rule) -> str:
+    return f"{reason} ({rule.issue})" if rule.issue else reason
+
+
+def refusal(node: torch.fx.Node, ctx: RuleContext) -> Optional[str]:
+    """The first node rule that refuses `node`, as its reason; None if none does."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return None
+    for rule in NODE_RULES:
+        reason = rule.check(node, ctx)
+        if reason:
+            return _with_issue(reason, rule)
+    return None
+
+
+# --- small helpers ------------------------------------------------------------------
+
+
+def aten_op(target) -> object:
+    """The ATen overload behind an ATen or Edge target (other targets unchanged)."""
+    return target._op if isinstance(target, EdgeOpOverload) else target
+
+
+def _is(node: torch.fx.Node, *packets) -> bool:
+    op = aten_op(node.target)
+    return isinstance(op, torch._ops.OpOverload) and op.overloadpacket in packets
+
+
+def _values(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The tensors a node produces (several for split/topk/...)."""
+    val = node.meta.get("val")
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return [val] if isinstance(val, torch.Tensor) else []
+
+
+def tensor_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
+    return {v.dtype for v in _values(node)}
+
+
+def normalise_op_name(name: str) -> str:
+    """`aten::add.Tensor`, `aten.add.Tensor`, `torch.ops.aten.add.Tensor` -> `aten.add.tensor`."""
+    name = name.strip().lower().replace("::", ".")
+    for prefix in ("torch.ops.", "exir_ops.", "edge."):
+        name = name.removeprefix(prefix)
+    return name
+
+
+def op_spellings(target) -> set[str]:
+    """The names a user may give for `target` in skip_ops_for_coreml_delegation."""
+    name = normalise_op_name(op_name(target))
+    names = {name, normalise_op_name(getattr(target, "__name__", name))}
+    packet = name.rsplit(".", 1)[0] if name.count(".") >= 2 else name
+    names.add(packet)  # `aten.add` skips every overload
+    return names
+
+
+# --- node rules, in the order they are asked ----------------------------------------
+
+
+@node_rule()
+def skipped_by_user(node, ctx) -> Optional[str]:
+    if ctx.skipped_ops and op_spellings(node.target) & ctx.skipped_ops:
+        return f"{op_name(node.target)} is in skip_ops_for_coreml_delegation"
+    return None
+
+
+@node_rule()
+def no_coremltools_converter(node, ctx) -> Optional[str]:
+    try:
+        supported = ct.converters.mil.frontend.torch.is_torch_fx_node_supported(node)
+    except AssertionError:  # coremltools asserts on in-place ops instead of answering
+        supported = False
+    if not supported:
+        return f"coremltools 9.0 has no converter for {op_name(node.target)}"
+    return None
+
+
+@node_rule("https://github.com/apple/coremltools/issues/2573")
+def add_sub_with_alpha(node, ctx) -> Optional[str]:
+    if _is(node, torch.ops.aten.add, torch.ops.aten.sub) and node.kwargs.get("alpha", 1) != 1:
+        return f"{op_name(node.target)} with alpha != 1 converts wrongly"
+    return None
+
+
+@node_rule("https://github.com/apple/coremltools/issues/2565, /2569, pytorch/executorch#11722")
+def refused_by_executorch(node, ctx) -> Optional[str]:
+    if aten_op(node.target) in stock._UNSUPPORTED_OP_TARGETS:
+        return f"ExecuTorch's Core ML partitioner refuses {op_name(node.target)} (wrong or missing conversion)"
+    return None
+
+
+@node_rule("https://github.com/pytorch/executorch/issues/11715")
+def arg_reduction_over_flattened_input(node, ctx) -> Optional[str]:
+    if stock._is_arg_min_max_over_flattened_input(node) or (
+        _is(node, torch.ops.aten.argmax, torch.ops.aten.argmin)
+        and (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")) is None
+    ):
+        return f"{op_name(node.target)} with dim=None crashes Core ML at run time"
+    return None
+
+
+_MIN_MAX = (
+    torch.ops.aten.amax,
+    torch.ops.aten.amin,
+    torch.ops.aten.max,
+    torch.ops.aten.min,
+    torch.ops.aten.maximum,
+    torch.ops.aten.minimum,
+)
+
+
+@node_rule()
+def min_max_over_bool(node, ctx) -> Optional[str]:
+    if _is(node, *_MIN_MAX) and any(
+        torch.bool in tensor_dtypes(arg) for arg in node.all_input_nodes
+    ):
+        return (
+            f"{op_name(node.target)} over bool: Core ML's reduce_max/reduce_min/maximum/minimum "
+            "take no bool tensors (stock: ValueError from reduce_max)"
+        )
+    return None
+
+
+def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[str]:
+    """Which index_put form coremltools converts wrongly or not at all, if any."""
+    self_arg, indices, values = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if accumulate:
+        return "accumulate=True"
+    given = [(i, idx) for i, idx in enumerate(indices) if idx is not None]
+    has_slice = len(given) < len(indices)
+    metas = [idx.meta.get("val") for _, idx in given]
+    if any(m is None for m in metas):
+        return "index tensors of unknown shape"
+    if any(m.dtype == torch.bool for m in metas):
+        if len(given) > 1 or has_slice or not ctx.ios18:
+            return "a bool mask index"
+        return None
+    if len({tuple(m.shape) for m in metas}) > 1:
+        return "index tensors that broadcast against each other"
+    if has_slice and any(m.numel() > 1 for m in metas):
+        return "an index of more than one entry next to a slice"
+    zero_d = any(m.dim() == 0 for m in metas)
+    if zero_d or (has_slice and len(given) > 1):
+        # Fine only when the values vary only after the last indexed dim.
+        last = given[-1][0]
+        self_val, values_val = self_arg.meta.get("val"), values.meta.get("val")
+        trailing = self_val.dim() - last - 1
+        leading = values_val.shape[: max(values_val.dim() - trailing, 0)]
+        if any(size != 1 for size in leading):
+            return "a 0-d index or several indices next to a slice, with values that vary before the last index"
+    return None
+
+
+@node_rule()
+def unsupported_index_put(node, ctx) -> Optional[str]:
+    if not _is(node, torch.ops.aten.index_put):
+        return None
+    problem = _index_put_problem(node, ctx)
+    if problem:
+        return (
+            f"{op_name(node.target)} with {problem} is not supported by Core ML "
+            "(stock: 'Input squeeze_0 has rank 1 != other inputs rank 0' or wrong values)"
+        )
+    return None
+
+
+@node_rule()
+def rank_above_five(node, ctx) -> Optional[str]:
+    produced = max((v.dim() for v in _values(node)), default=0)
+    read = max((v.dim() for arg in node.all_input_nodes for v in _values(arg)), default=0)
+    if max(produced, read) > CORE_ML_MAX_RANK:
+        verb = "produces" if produced > CORE_ML_MAX_RANK else "reads"
+        return (
+            f"{verb} a rank {max(produced, read)} tensor; Core ML only supports tensors of "
+            f"rank <= {CORE_ML_MAX_RANK}"
+        )
+    return None
+
+
+# --- partition rules -----------------------------------------------------------------
+
+
+def reads_refused_dtype(node: torch.fx.Node, inside: Collection[torch.fx.Node]) -> Optional[str]:
+    """Core ML takes no uint8/int8/bfloat16 model inputs (stock: `KeyError: torch.uint8`)."""
+    for source in node.all_input_nodes:
+        if source in inside:
+            continue
+        refused = sorted(str(d).removeprefix("torch.") for d in tensor_dtypes(source) & REFUSED_DTYPES)
+        if refused:
+            return (
+                f"reads {source.name} ({refused[0]}) from outside its Core ML partition; "
+                f"Core ML takes no {refused[0]} inputs (stock: KeyError: torch.{refused[0]})"
+            )
+    return None
+
+
+def gives_refused_dtype(node: torch.fx.Node, inside: Collection[torch.fx.Node]) -> Optional[str]:
+    """A uint8/int8/bfloat16 result used outside Core ML cannot be a Core ML output."""
+    refused = sorted(str(d).removeprefix("torch.") for d in tensor_dtypes(node) & REFUSED_DTYPES)
+    if not refused:
+        return None
+    users = list(node.users)
+    for user in list(users):  # look through tuple access
+        if user.target is operator.getitem:
+            users += list(user.users)
+    if any(user not in inside and user.target is not operator.getitem for user in users):
+        return f"its {refused[0]} result is used outside Core ML, which cannot output {refused[0]}"
+    return None
+
+
+NO_INPUTS_REASON = (
+    "its Core ML partition would have no tensor inputs, which Core ML supports only "
+    "from iOS 18 (set minimum_deployment_target=iOS18 to delegate it)"
+)

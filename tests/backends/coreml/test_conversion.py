@@ -1,0 +1,101 @@
+"""Conversion fixes, checked in the MIL program inside the Core ML payload."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+from compiler.backends.coreml import conversion
+from compiler.backends.coreml.payload import read_models
+from coreml_helpers import compile_coreml, cpu_ops, models, stock_error, stock_pte
+
+
+class IntFill(nn.Module):
+    def forward(self, x):
+        return x + 1, torch.full((1, 16), 0)
+
+
+def _output_dtype(model_, name):
+    for op in model_.ops:
+        if name in op.outputs:
+            return op.outputs[name]
+    raise AssertionError(f"no op gives {name}")
+
+
+def test_fill_keeps_torch_dtype():
+    model, inputs = IntFill(), (torch.randn(2, 4),)
+    (stock,) = read_models(stock_pte(model, inputs))
+    assert _output_dtype(stock, "aten_full_default") == "float32"  # torch says int64
+
+    artifact = compile_coreml(model, inputs)
+    (ours,) = models(artifact)
+    assert _output_dtype(ours, "aten_full_default") == "int32"
+
+
+class Gelu(nn.Module):
+    def forward(self, x):
+        return F.gelu(x, approximate="tanh")
+
+
+def test_gelu_tanh_converts_as_tanh_approximation():
+    model, inputs = Gelu(), (torch.randn(2, 4),)
+    (stock,) = read_models(stock_pte(model, inputs))
+    assert stock.ops_of_type("gelu")[0].constants["mode"] == "EXACT"
+    (ours,) = models(compile_coreml(model, inputs))
+    assert ours.ops_of_type("gelu")[0].constants["mode"] == "TANH_APPROXIMATION"
+
+
+class RMS(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.RMSNorm(4)  # eps=None: torch uses float32 machine epsilon
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def test_rms_norm_without_eps_gets_machine_epsilon():
+    model, inputs = RMS(), (torch.randn(2, 4),)
+    assert "got 3 input(s), expected [4]" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert not cpu_ops(artifact)
+    (ours,) = models(artifact)
+    assert "reduce_mean" in ours.op_types() and "sqrt" in ours.op_types()
+
+
+class Repeats(nn.Module):
+    def forward(self, x):
+        return x.clone(), x * 2
+
+
+def test_output_repeating_an_input_gets_its_own_copy():
+    model, inputs = Repeats(), (torch.randn(2, 4),)
+    (stock,) = read_models(stock_pte(model, inputs))
+    assert stock.outputs[0] in stock.inputs  # stock returns the input itself
+    (ours,) = models(compile_coreml(model, inputs))
+    assert len(set(ours.outputs)) == 2
+    assert not set(ours.outputs) & set(ours.inputs)
+
+
+def test_fixes_are_active_only_while_lowering():
+    before = dict(_TORCH_OPS_REGISTRY.name_to_func_mapping)
+    with conversion.installed():
+        assert _TORCH_OPS_REGISTRY.name_to_func_mapping["gelu"] is not before["gelu"]
+    assert _TORCH_OPS_REGISTRY.name_to_func_mapping == before
+
+
+class FloatZerosOfMask(nn.Module):
+    """What nn.MultiheadAttention does with a bool mask: zeros_like(mask, dtype=float)."""
+
+    def forward(self, x):
+        mask = x > 0
+        return torch.zeros_like(mask, dtype=torch.float).masked_fill(mask, -1.0) + x
+
+
+def test_zeros_like_of_bool_mask_converts_as_float():
+    model, inputs = FloatZerosOfMask(), (torch.randn(2, 4),)
+    (stock,) = read_models(stock_pte(model, inputs))
+    (ours,) = models(compile_coreml(model, inputs))
+    # Stock fills with bool, so masked_fill(-1.0) computes in bool (-1 becomes True, i.e. 1.0).
+    assert list(stock.ops_of_type("select")[0].outputs.values()) == ["bool"]
+    assert list(ours.ops_of_type("select")[0].outputs.values()) == ["float16"]

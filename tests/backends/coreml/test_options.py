@@ -1,0 +1,103 @@
+"""CoreMLPartitioner's options carry over; lower_full_graph; keep-whole and the CPU-kernel verifier."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import compiler
+from compiler.backends.base import KeepWhole
+from compiler.backends.coreml import CoreMLBackend, CoreMLRefusal
+from compiler.ir.errors import UserInputError, VerificationError
+from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons
+
+
+class TwoColumns(nn.Module):
+    def forward(self, y, v):
+        y = y.clone()
+        y[:, torch.tensor([0, 2])] = v
+        return y * 2
+
+
+def test_lower_full_graph_fails_with_the_reason():
+    with pytest.raises(CoreMLRefusal) as err:
+        compile_coreml(TwoColumns(), (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), lower_full_graph=True)
+    text = str(err.value)
+    assert "aten.index_put.default with an index of more than one entry next to a slice" in text
+    assert "Set lower_full_graph=False to run them on the CPU" in text
+    assert "aten_index_put_default" in err.value.nodes
+    assert err.value.stage == "partition"
+
+
+class AddCumsum(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x + 1, -1) * 2
+
+
+@pytest.mark.parametrize("spelling", ["aten.cumsum.default", "aten::cumsum.default", "aten.cumsum", "edge.aten.cumsum.default"])
+def test_skip_ops_in_aten_and_edge_spelling(spelling):
+    artifact = compile_coreml(AddCumsum(), (torch.randn(2, 4),), skip_ops_for_coreml_delegation=[spelling])
+    assert list(cpu_ops(artifact).values()) == ["aten.cumsum.default"]
+    assert "skip_ops_for_coreml_delegation" in next(iter(cpu_reasons(artifact).values()))
+
+
+def test_deployment_target_goes_into_compile_specs():
+    import coremltools as ct
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend as EtCoreML
+
+    backend = CoreMLBackend(minimum_deployment_target="iOS18")
+    assert EtCoreML.min_deployment_target_from_compile_specs(backend.compile_specs) == ct.target.iOS18
+    specs = EtCoreML.generate_compile_specs(minimum_deployment_target=ct.target.iOS17)
+    assert CoreMLBackend(compile_specs=specs).delegation_spec.compile_specs == specs
+    with pytest.raises(UserInputError):
+        CoreMLBackend(compile_specs=specs, minimum_deployment_target="iOS18")
+    with pytest.raises(UserInputError):
+        CoreMLBackend(minimum_deployment_target="iOS99")
+
+
+def test_bad_option_combinations_are_user_errors():
+    with pytest.raises(UserInputError):
+        CoreMLBackend(lower_full_graph=True, skip_ops_for_coreml_delegation=["aten.add.Tensor"])
+    with pytest.raises(UserInputError):
+        compiler.compile(AddCumsum(), (torch.randn(2, 4),), "coreml", backend_options={"no_such": 1})
+
+
+class Uint8Matmul(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b).float() * 2
+
+
+class StockKeepWhole(CoreMLBackend):
+    """Keeps whole what stock keeps whole, without our filter."""
+
+    def keep_whole(self, program):
+        return KeepWhole(super().keep_whole(program).ops)
+
+
+def test_kept_whole_op_landing_on_cpu_is_caught_at_compile_time():
+    inputs = (torch.randint(0, 9, (2, 3), dtype=torch.uint8), torch.randint(0, 9, (3, 2), dtype=torch.uint8))
+    with pytest.raises(VerificationError) as err:
+        compiler.compile(Uint8Matmul(), inputs, StockKeepWhole())
+    assert err.value.invariant == "cpu_ops_have_kernels"
+    assert "aten::matmul.out" in str(err.value)
+    # Ours keeps matmul whole only where Core ML will take it, so it decomposes here.
+    artifact = compile_coreml(Uint8Matmul(), inputs)
+    assert "aten.mul.Tensor" not in cpu_ops(artifact).values()
+
+
+def test_cli_prints_per_op_placement(tmp_path, capsys):
+    from compiler.cli import main
+
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return (x > 0).amax(-1).float() + x.sum(-1)\n"
+        "def make():\n"
+        "    return M(), (torch.randn(2, 4),)\n"
+    )
+    assert main(["compile", f"{source}:make", "--backend", "coreml", "-o", str(tmp_path / "m.pte")]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("aten.amax.default"))
+    assert "cpu" in row and "over bool" in row
+    assert any(line.startswith("aten.gt.Scalar") and "CoreMLBackend" in line for line in out.splitlines())

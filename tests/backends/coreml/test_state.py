@@ -1,0 +1,110 @@
+"""State (mutable buffers) between Core ML and the CPU."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import compiler
+
+from compiler.backends.coreml import CoreMLStateSplit
+from compiler.ir.errors import CompileError
+from coreml_helpers import compile_coreml, cpu_ops, stock_error
+
+
+class SplitState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 4))
+
+    def forward(self, x):
+        seen = torch.cumsum(self.cache, -1)  # reads the buffer on the CPU (skipped below)
+        self.cache.add_(x)  # and updates it in Core ML
+        return seen + self.cache.sin()
+
+
+def test_state_split_between_core_ml_and_cpu_fails_naming_the_ops():
+    with pytest.raises(CoreMLStateSplit) as err:
+        compile_coreml(
+            SplitState(), (torch.randn(1, 4),),
+            skip_ops_for_coreml_delegation=["aten.cumsum.default"],
+            minimum_deployment_target="iOS18",
+        )
+    text = str(err.value)
+    assert "take_over_mutable_buffer=False" in text
+    assert "aten.cumsum.default) on cpu" in text and "aten.add.Tensor) on tag" in text
+
+
+def test_state_split_compiles_with_take_over_mutable_buffer_false():
+    # verify=False: the shared `mutable_buffers_not_split` invariant also flags a buffer
+    # that no delegate takes over (it stays a CPU buffer, the delegate only reads it
+    # and returns the new value); see the report for the change it needs.
+    artifact = compiler.compile(
+        SplitState().eval(), (torch.randn(1, 4),), "coreml",
+        backend_options=dict(
+            skip_ops_for_coreml_delegation=["aten.cumsum.default"], take_over_mutable_buffer=False
+        ),
+        verify=False,
+    )
+    assert "aten.cumsum.default" in cpu_ops(artifact).values()
+    assert artifact.program.delegates
+    buffer = next(n for n in artifact.stages["partition"].program.graph.nodes if n.name == "b_cache")
+    assert "delegation_tag" not in buffer.meta
+
+
+class CpuOnlyState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1, 4))
+
+    def forward(self, x):
+        self.count.copy_(torch.cumsum(self.count, -1))
+        return x * 2
+
+
+def test_state_only_the_cpu_uses_stays_on_the_cpu():
+    artifact = compile_coreml(
+        CpuOnlyState(), (torch.randn(1, 4),), skip_ops_for_coreml_delegation=["aten.cumsum"]
+    )
+    assert "aten.cumsum.default" in cpu_ops(artifact).values()
+    assert artifact.program.delegates == ("CoreMLBackend",)
+
+
+class CoreMLState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 4))
+
+    def forward(self, x):
+        self.cache.add_(x)
+        return self.cache.sin()
+
+
+def test_state_below_ios18_is_a_named_error():
+    model, inputs = CoreMLState(), (torch.randn(1, 4),)
+    assert "State model is supported only >= iOS18" in stock_error(model, inputs)
+    with pytest.raises(CompileError) as err:
+        compile_coreml(model, inputs)
+    assert "minimum_deployment_target" in err.value.hint
+    artifact = compile_coreml(model, inputs, minimum_deployment_target="iOS18")
+    assert not cpu_ops(artifact)
+
+
+class UpdatedValueReadOnCpu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 4))
+
+    def forward(self, x):
+        self.cache.add_(x)  # in Core ML
+        return torch.cumsum(self.cache, -1)  # reads the new value on the CPU (skipped below)
+
+
+def test_updated_state_read_on_cpu_is_a_split():
+    # Without this check the lowering failed with "Cannot lower a model with no outputs in CoreML".
+    with pytest.raises(CoreMLStateSplit) as err:
+        compile_coreml(
+            UpdatedValueReadOnCpu(), (torch.randn(1, 4),),
+            skip_ops_for_coreml_delegation=["aten.cumsum.default"],
+            minimum_deployment_target="iOS18",
+        )
+    assert "aten.cumsum.default) on cpu" in str(err.value)
