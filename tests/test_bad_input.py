@@ -78,7 +78,7 @@ def test_corrupt_resume_file(tmp_path):
 def test_truncated_resume_file(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, stop_after="partition", dump_dir=tmp_path)
-    good = (tmp_path / "04-partition.stage").read_bytes()
+    good = (tmp_path / "05-partition.stage").read_bytes()
     path = tmp_path / "cut.stage"
     path.write_bytes(good[: len(good) // 2])
     with pytest.raises(ResumeError):
@@ -97,14 +97,14 @@ def test_resume_file_from_a_later_stage_than_stop_after(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, stop_after="partition", dump_dir=tmp_path)
     with pytest.raises(ResumeError, match="nothing to run"):
-        compiler.compile(None, None, resume_from=str(tmp_path / "04-partition.stage"), stop_after="decompose")
+        compiler.compile(None, None, resume_from=str(tmp_path / "05-partition.stage"), stop_after="decompose")
 
 
 def test_resume_file_from_another_backend(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, "xnnpack", stop_after="partition", dump_dir=tmp_path)
     with pytest.raises(ResumeError, match="backend 'xnnpack', not 'portable'"):
-        compiler.compile(None, None, "portable", resume_from=str(tmp_path / "04-partition.stage"))
+        compiler.compile(None, None, "portable", resume_from=str(tmp_path / "05-partition.stage"))
 
 
 def test_every_error_is_a_compile_error():

@@ -16,7 +16,7 @@ from compiler.stages import DEFAULT_STAGES, STAGE_NAMES
 
 
 def test_pipeline_whose_types_do_not_chain_is_refused_before_running():
-    capture, fold, decompose, partition, split, lower, emit = DEFAULT_STAGES
+    capture, fold, dry_run, decompose, partition, split, lower, emit = DEFAULT_STAGES
     with pytest.raises(PipelineError) as err:
         Pipeline([capture, partition, lower])
     assert "'capture' returns AtenProgram" in str(err.value)
@@ -70,9 +70,9 @@ def test_dump_dir_holds_text_and_resumable_file_per_stage(small_model, tmp_path)
     names = sorted(os.listdir(tmp_path))
     for i, stage in enumerate(STAGE_NAMES, start=1):
         assert f"{i:02d}-{stage}.txt" in names
-    assert "07-emit.pte" in names
-    assert "04-partition.stage" in names
-    assert "aten_cumsum_default" in (tmp_path / "03-decompose.txt").read_text()
+    assert "08-emit.pte" in names
+    assert "05-partition.stage" in names
+    assert "aten_cumsum_default" in (tmp_path / "04-decompose.txt").read_text()
 
 
 def test_print_after_change_prints_only_stages_that_changed(small_model):
@@ -118,8 +118,8 @@ def test_failure_after_dumping_keeps_last_good_artifact(small_model, tmp_path):
     model, inputs = small_model
     with pytest.raises(StageFailure):
         compiler.compile(model, inputs, FlakyXnnpack(fail=True), dump_dir=tmp_path)
-    assert (tmp_path / "03-decompose.stage").exists()
-    assert not (tmp_path / "04-partition.stage").exists()
+    assert (tmp_path / "04-decompose.stage").exists()
+    assert not (tmp_path / "05-partition.stage").exists()
 
 
 class Recorder(Instrument):

@@ -44,6 +44,11 @@ class Backend(abc.ABC):
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
         return KeepWhole()
 
+    def dry_run_needed(self, program: ExportedProgram, kept: list[torch.fx.Node]) -> str | None:
+        """Why a node kept whole might still end up on the CPU (so the dry run must look),
+        or None when the backend is sure to take every one of `kept`."""
+        return f"the {self.name} backend may leave kept ops on the CPU"
+
     @abc.abstractmethod
     def partition(self, program: ExportedProgram) -> BackendPartition:
         """Tag the nodes this backend takes (node.meta['delegation_tag']) in place."""

@@ -6,7 +6,7 @@ the driver checks them after every stage that returns one (verify-each).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping
 
 import attrs
 import torch
@@ -61,6 +61,31 @@ class AtenProgram:
 
     def graph_text(self) -> str:
         return graph_text(self.program)
+
+
+@attrs.frozen
+class KeepWholePlan:
+    """Which nodes of an ATen program the decompose stage keeps whole, and why others are not."""
+
+    nodes: frozenset[str] = frozenset()  # names of ATen nodes kept whole
+    # ATen node name -> why the dry run decomposes it although the backend asked to keep it.
+    dropped: Mapping[str, str] = attrs.field(factory=dict)
+    # Set when the dry run did not need to decompose anything to decide.
+    skipped: str | None = None
+
+    def to_json(self) -> dict:
+        return {"nodes": sorted(self.nodes), "dropped": dict(self.dropped), "skipped": self.skipped}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "KeepWholePlan":
+        return cls(frozenset(data["nodes"]), data["dropped"], data["skipped"])
+
+
+@attrs.frozen
+class PlannedProgram(AtenProgram):
+    """An ATen program with the dry run's answer: which of its nodes to keep whole."""
+
+    keep_whole: KeepWholePlan = attrs.field(factory=KeepWholePlan)
 
 
 @attrs.frozen
@@ -177,6 +202,7 @@ class ExecutorchProgram:
 STAGE_ARTIFACT_TYPES = (
     EagerModel,
     AtenProgram,
+    PlannedProgram,
     EdgeProgram,
     PartitionedProgram,
     SplitProgram,

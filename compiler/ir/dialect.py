@@ -16,8 +16,18 @@ from executorch.exir.passes.executorch_prim_ops_registry import _EXECUTORCH_SYM_
 ATEN = "aten"
 EDGE = "edge"
 
-# Targets that are legal in either dialect: tuple access, symbolic integer math.
-_NEUTRAL_TARGETS = frozenset([operator.getitem, *_EXECUTORCH_SYM_OPS])
+# Targets legal in either dialect: tuple access, symbolic integer math, and the
+# run-time size checks torch.export adds for data-dependent sizes (`y[y > 0]`),
+# which ExecuTorch's Edge conversion leaves as ATen ops.
+_NEUTRAL_TARGETS = frozenset(
+    [
+        operator.getitem,
+        *_EXECUTORCH_SYM_OPS,
+        torch.ops.aten._assert_scalar.default,
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+    ]
+)
 
 
 def op_dialect(target: Any) -> str | None:

@@ -22,8 +22,10 @@ from executorch.exir.serde.serialize import save as save_program
 from compiler.ir.artifacts import (
     AtenProgram,
     EdgeProgram,
+    KeepWholePlan,
     LoweredProgram,
     PartitionedProgram,
+    PlannedProgram,
     SplitProgram,
 )
 from compiler.ir.errors import ResumeError
@@ -35,7 +37,8 @@ MANIFEST = "compiler_manifest.json"
 SUFFIX = ".stage"
 
 RESUMABLE_TYPES = {
-    t.__name__: t for t in (AtenProgram, EdgeProgram, PartitionedProgram, SplitProgram, LoweredProgram)
+    t.__name__: t
+    for t in (AtenProgram, PlannedProgram, EdgeProgram, PartitionedProgram, SplitProgram, LoweredProgram)
 }
 
 
@@ -61,6 +64,8 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend:
         manifest["preserved_ops"] = list(artifact.preserved_ops)
     if hasattr(artifact, "plan"):
         manifest["plan"] = artifact.plan.to_json()
+    if hasattr(artifact, "keep_whole"):
+        manifest["keep_whole"] = artifact.keep_whole.to_json()
     if hasattr(artifact, "refused_input_dtypes"):
         manifest["refused_input_dtypes"] = sorted(artifact.refused_input_dtypes)
     manifest["positional_args"] = {
@@ -97,6 +102,8 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
     fields: dict[str, Any] = {"program": program}
     if "preserved_ops" in manifest and "preserved_ops" in attrs.fields_dict(artifact_type):
         fields["preserved_ops"] = tuple(manifest["preserved_ops"])
+    if "keep_whole" in manifest:
+        fields["keep_whole"] = KeepWholePlan.from_json(manifest["keep_whole"])
     if "refused_input_dtypes" in manifest:
         fields["refused_input_dtypes"] = frozenset(manifest["refused_input_dtypes"])
     if "plan" in manifest:

@@ -8,6 +8,7 @@ from compiler.ir.errors import UserInputError
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.capture import Capture
 from compiler.stages.decompose import Decompose
+from compiler.stages.dry_run import DryRun
 from compiler.stages.emit import Emit
 from compiler.stages.fold import Fold
 from compiler.stages.lower import Lower
@@ -17,6 +18,7 @@ from compiler.stages.split_constants import SplitConstants
 DEFAULT_STAGES: tuple[Stage, ...] = (
     Capture(),
     Fold(),
+    DryRun(),
     Decompose(),
     Partition(),
     SplitConstants(),

@@ -23,7 +23,7 @@ from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 from executorch.exir.tracer import _default_decomposition_table
 
 from compiler.backends.base import KeepWhole
-from compiler.ir.artifacts import AtenProgram, EdgeProgram
+from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir.dialect import ATEN, op_dialect, op_name
 from compiler.ir.graph import call_nodes
 from compiler.stages.base import Stage, StageContext
@@ -71,16 +71,21 @@ def finish_edge_ops(program: ExportedProgram) -> int:
     return fixed
 
 
+def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[str]) -> EdgeProgram:
+    """The Edge program for `program`, keeping whole the nodes named (the dry run uses this too)."""
+    ops = frozenset(n.target for n in call_nodes(program) if n.name in keep_nodes)
+    decomposed, preserved = decompose(program, KeepWhole(ops, lambda node: node.name in keep_nodes))
+    edge = _generate_edge_program(EdgeCompileConfig(), decomposed, preserve_ops=preserved)
+    finish_edge_ops(edge)
+    return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
+
+
 class Decompose(Stage):
+    """Keeps whole exactly what the dry run planned; never asks the backend again."""
+
     name = "decompose"
-    takes = AtenProgram
+    takes = PlannedProgram
     returns = EdgeProgram
 
-    def run(self, aten: AtenProgram, ctx: StageContext) -> EdgeProgram:
-        keep = ctx.backend.keep_whole(aten.program)
-        program, preserved = decompose(aten.program, keep)
-        edge = _generate_edge_program(EdgeCompileConfig(), program, preserve_ops=preserved)
-        finish_edge_ops(edge)
-        if preserved:
-            ctx.metrics["kept_whole"] = len(preserved)
-        return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
+    def run(self, planned: PlannedProgram, ctx: StageContext) -> EdgeProgram:
+        return to_edge_program(planned.program, planned.keep_whole.nodes)

@@ -138,12 +138,16 @@ def test_mutable_buffer_split_between_delegate_and_cpu_is_refused():
 
 
 class KeepsMatmulButTakesNothing(Backend):
-    """Asks to keep matmul whole, then delegates nothing: the stock 'kernel not found' trap."""
+    """Asks to keep matmul whole and promises to take it (so the dry run trusts it),
+    then delegates nothing: the stock 'kernel not found' trap, past the dry run."""
 
     name = "keeps-matmul"
 
     def keep_whole(self, program):
         return KeepWhole(frozenset({torch.ops.aten.matmul.default}))
+
+    def dry_run_needed(self, program, kept):
+        return None
 
     def partition(self, program):
         return BackendPartition({})

@@ -59,6 +59,9 @@ class XnnpackBackend(Backend):
         ops, node_filter = self.partitioner.ops_to_not_decompose(program)
         return KeepWhole(frozenset(ops), node_filter)
 
+    def dry_run_needed(self, program: ExportedProgram, kept: list[torch.fx.Node]) -> str | None:
+        return None  # the keep-whole filter is the very check XNNPACK's partitioner takes nodes by
+
     def partition(self, program: ExportedProgram) -> BackendPartition:
         with _collect_refusals() as collector:
             result = self.partitioner.partition(program)

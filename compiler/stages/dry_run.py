@@ -1,0 +1,94 @@
+"""Dry run: ATen program -> the same program with a keep-whole plan.
+
+A backend asks to keep some ops whole (not decomposed) because it converts
+them well. Stock ExecuTorch decides that on the ATen graph, before
+partitioning; when such an op then lands on the CPU (a uint8 rule moved it, a
+refused dtype, a skip list), it has no CPU kernel and the `.pte` fails at load
+(`kernel 'aten::matmul.out' not found`). The dry run decomposes the program
+exactly as the decompose stage will, runs the backend's real partition search
+on that throwaway Edge program, and keeps whole only the nodes that are
+delegated there, or that have a CPU kernel anyway.
+
+It is skipped when nothing can change: nothing to keep whole, every kept op
+has a CPU kernel, or the backend says it takes every kept node.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+
+from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
+
+from compiler.backends.base import Backend, KeepWhole
+from compiler.ir.artifacts import AtenProgram, KeepWholePlan, PlannedProgram
+from compiler.ir.dialect import op_name
+from compiler.ir.graph import DELEGATION_TAG, call_nodes
+from compiler.ir.kernels import missing_kernel
+from compiler.stages.base import Stage, StageContext
+from compiler.stages.decompose import to_edge_program
+
+
+def requested_nodes(program: ExportedProgram, backend: Backend) -> list[torch.fx.Node]:
+    """The ATen nodes the backend asks to keep whole."""
+    keep = backend.keep_whole(program)
+    ops = set(_remove_invalid_ops_for_not_decompose(list(keep.ops))) if keep.ops else set()
+    return [
+        node
+        for node in call_nodes(program)
+        if node.target in ops and (keep.node_filter is None or keep.node_filter(node))
+    ]
+
+
+def _aten_origin(node: torch.fx.Node) -> str:
+    """The name of the ATen node an Edge node was made from."""
+    sources = node.meta.get("from_node") or []
+    if not sources:
+        return node.name
+    source = sources[-1]
+    while source.from_node:
+        source = source.from_node[-1]
+    return source.name
+
+
+def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> dict[str, str]:
+    """Decompose as the decompose stage will, partition, and say which kept nodes to drop and why."""
+    names = {n.name for n in kept}
+    edge = to_edge_program(program, names)
+    partition = backend.partition(edge.program)
+    dropped = {}
+    for node in call_nodes(edge.program):
+        origin = _aten_origin(node)
+        if origin not in names or node.meta.get(DELEGATION_TAG):
+            continue
+        kernel = missing_kernel(node.target)
+        if kernel:
+            why = partition.cpu_reasons.get(node.name) or backend.default_cpu_reason(node)
+            dropped[origin] = f"would run on the CPU ({why}) where the runtime has no {kernel}"
+    return dropped
+
+
+class DryRun(Stage):
+    name = "dry_run"
+    takes = AtenProgram
+    returns = PlannedProgram
+
+    def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
+        program = aten.program
+        kept = requested_nodes(program, ctx.backend)
+        skipped = None
+        if not kept:
+            skipped = "nothing to keep whole"
+        elif not any(missing_kernel(n.target) for n in kept):
+            skipped = "every kept op has a CPU kernel"
+        elif ctx.backend.dry_run_needed(program, kept) is None:
+            skipped = f"the {ctx.backend.name} backend takes every kept op"
+        dropped = {} if skipped else dry_run(program, ctx.backend, kept)
+        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), dropped, skipped)
+        ctx.metrics["kept"] = len(plan.nodes)
+        if skipped:
+            ctx.metrics["skipped"] = skipped
+        if dropped:
+            by_op = sorted({op_name(n.target) for n in kept if n.name in dropped})
+            ctx.metrics["decomposed"] = ", ".join(by_op)
+        return PlannedProgram(program, plan)

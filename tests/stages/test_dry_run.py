@@ -1,0 +1,83 @@
+"""The dry run: keep whole only what the backend really takes, skip when nothing can change."""
+
+import pytest
+import torch
+
+import compiler
+import compiler.examples
+import compiler.stages.dry_run as dry_run_module
+from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.ir.dialect import ATEN, op_dialect, op_name
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+from executorch.runtime import Runtime
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k):
+        return torch.matmul(q, k.transpose(-1, -2)).softmax(-1)
+
+
+def inputs():
+    return torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+
+
+class KeepMatmulTakeNothing(Partitioner):
+    """Like CoreMLPartitioner with `skip_ops_for_coreml_delegation=["aten.matmul.default"]`:
+    the support check passes the ATen node (so it is kept whole) but not the Edge node (so
+    it is not delegated, and stock's own after-lowering check does not notice)."""
+
+    def ops_to_not_decompose(self, ep):
+        return [torch.ops.aten.matmul.default], lambda node: op_dialect(node.target) == ATEN
+
+    def partition(self, ep):
+        return PartitionResult(ep, {})
+
+
+class KeepMatmulBackend(Backend):
+    name = "keep-matmul"
+
+    def keep_whole(self, program):
+        ops, node_filter = KeepMatmulTakeNothing().ops_to_not_decompose(program)
+        return KeepWhole(frozenset(ops), node_filter)
+
+    def partition(self, program):
+        return BackendPartition({}, {n.name: "refused by this backend's rules" for n in program.graph.nodes})
+
+
+def test_stock_keeps_matmul_whole_and_the_pte_fails_to_load(capfd):
+    with torch.no_grad():
+        ep = torch.export.export(Attention(), inputs())
+    pte = to_edge_transform_and_lower(ep, partitioner=[KeepMatmulTakeNothing()]).to_executorch().buffer
+    with pytest.raises(RuntimeError, match="Failed to load method forward"):
+        Runtime.get().load_program(pte).load_method("forward")
+    assert "aten::matmul.out" in capfd.readouterr().err  # the runtime logs the missing kernel
+
+
+def test_dry_run_decomposes_a_kept_op_that_would_land_on_the_cpu():
+    model, args = Attention(), inputs()
+    artifact = compiler.compile(model, args, KeepMatmulBackend())
+    plan = artifact.stages["dry_run"].keep_whole
+    assert plan.nodes == frozenset() and plan.skipped is None
+    (reason,) = plan.dropped.values()
+    assert "refused by this backend's rules" in reason and "aten::matmul.out" in reason
+    assert artifact.report.stage("dry_run").metrics["decomposed"] == "aten.matmul.default"
+    assert "aten::matmul.out" not in artifact.program.operators
+    assert compiler.compare_with_eager(artifact, model, args).max_abs_error < 1e-5
+
+
+def test_dry_run_is_skipped_and_decomposes_nothing_on_a_plain_float_model(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dry_run_module, "to_edge_program", lambda *a: calls.append(a))
+    model, args = compiler.examples.transformer(depth=1)
+    artifact = compiler.compile(model, args, "xnnpack", stop_after="dry_run")
+    assert artifact.keep_whole.skipped and not calls
+    assert artifact.keep_whole.nodes  # the linears stay whole for XNNPACK
+
+
+def test_kept_nodes_are_the_ones_the_decompose_stage_keeps():
+    model, args = compiler.examples.mlp()
+    artifact = compiler.compile(model, args, "xnnpack")
+    kept = artifact.stages["dry_run"].keep_whole.nodes
+    edge_ops = [op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"]
+    assert edge_ops.count("aten.linear.default") == len(kept) == 3
