@@ -16,13 +16,16 @@ _REGISTRY = {
     "portable": "compiler.backends.portable:PortableBackend",
     "xnnpack": "compiler.backends.xnnpack:XnnpackBackend",
     "coreml": "compiler.backends.coreml:CoreMLBackend",
+    "mlx": "compiler.backends.mlx:MLXBackend",
 }
 
 
 # Delegate id -> a function that runs a whole program holding that delegate on this
 # machine without ExecuTorch's runtime (for delegates the pip runtime lacks):
 # `run_program(pte: bytes, inputs: list) -> list[torch.Tensor]`.
-_REFERENCE_EXECUTORS: dict[str, str] = {}
+_REFERENCE_EXECUTORS: dict[str, str] = {
+    "MLXBackend": "compiler.backends.mlx.reference:run_program",
+}
 
 
 def reference_executor(delegate_ids: set[str]):

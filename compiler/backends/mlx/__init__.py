@@ -1,0 +1,82 @@
+"""The MLX backend: ExecuTorch's MLX delegate, for Apple silicon.
+
+The ExecuTorch runtime's MLX delegate runs only on Apple silicon; here its
+payloads run through `compiler.backends.mlx.reference` (the `mlx` package on
+the Linux CPU). The delegate's generated schema files are made on first use
+(see `generated.py`), which is why ExecuTorch's MLX modules are imported when
+a backend is built, not when this package is.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.export import ExportedProgram
+
+from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.backends.mlx import support
+from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
+from compiler.ir.dialect import op_name
+
+# The delegate id ExecuTorch records in the program for MLX payloads.
+DELEGATE_ID = "MLXBackend"
+
+
+def _one_line(reason: str) -> str:
+    """ExecuTorch's MLX reasons can hold a handler's whole traceback; keep its first line."""
+    return reason.strip().splitlines()[0] if reason.strip() else reason
+
+
+class MLXBackend(Backend):
+    """Options are those of ExecuTorch's `MLXPartitioner` (compile_specs)."""
+
+    name = "mlx"
+
+    def __init__(self, **partitioner_options) -> None:
+        ensure_generated()
+        from executorch.backends.mlx.partitioner import MLXPartitioner
+
+        self.partitioner = MLXPartitioner(**partitioner_options)
+
+    def keep_whole(self, program: ExportedProgram) -> KeepWhole:
+        ops, _ = self.partitioner.ops_to_not_decompose(program)
+        # An op one of our rules sends to the CPU must not be kept whole for MLX
+        # (the same rule stock applies to the nodes its own check declines).
+        refused = {
+            n.target for n in program.graph.nodes if n.op == "call_function" and support.refusal(n)
+        }
+        return KeepWhole(frozenset(op for op in ops if op not in refused))
+
+    def partition(self, program: ExportedProgram) -> BackendPartition:
+        from executorch.backends.mlx.partitioner import MLXOperatorSupport
+        from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import (
+            generate_partitions_from_list_of_nodes,
+        )
+        from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
+
+        # Stock MLXPartitioner.partition() refuses to run outside
+        # to_edge_transform_and_lower; its pieces are what it would run.
+        stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
+        guarded = support.GuardedSupport(stock)
+        found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)
+        found = self.partitioner._include_sym_size_nodes_in_partitions(program.graph_module, found)
+
+        partitions = {}
+        for partition in found:
+            tag = f"mlx_{partition.id}"
+            for node in partition.nodes:
+                node.meta["delegation_tag"] = tag
+            partitions[tag] = self.partitioner.delegation_spec
+        if partitions:
+            tag_constant_data(program)
+            tag_mutated_buffer(program)
+
+        reasons = dict(guarded.refused)
+        for node, why in stock._unsupported_reason.items():
+            reasons.setdefault(node.name, f"MLX: {_one_line(why)}")
+        return BackendPartition(partitions, reasons)
+
+    def default_cpu_reason(self, node: torch.fx.Node) -> str:
+        return f"the MLX delegate did not take {op_name(node.target)} into a partition"
+
+
+__all__ = ["DELEGATE_ID", "MLXBackend", "MLXSetupError"]

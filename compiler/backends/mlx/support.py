@@ -1,0 +1,123 @@
+"""Which nodes the MLX delegate may take, on top of ExecuTorch's MLX support check.
+
+Each rule is a small predicate with a one-line reason. A node a rule refuses
+stays on the CPU with that reason in the placement report.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from compiler.ir.dialect import op_name
+
+# Names under which ATen schemas take index tensors (index.Tensor, index_put,
+# _unsafe_index, index_select, gather, scatter, take_along_dim, index_copy, ...).
+_INDEX_ARGUMENTS = ("indices", "index")
+
+
+def _schema(node: torch.fx.Node):
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        # Edge ops wrap the ATen overload they stand for.
+        schema = getattr(getattr(node.target, "_op", None), "_schema", None)
+    return schema
+
+
+def _index_tensors(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
+    """The graph nodes `node` reads as index tensors (inside lists too)."""
+    schema = _schema(node)
+    if schema is None:
+        return
+    for position, argument in enumerate(schema.arguments):
+        if argument.name not in _INDEX_ARGUMENTS:
+            continue
+        if argument.name in node.kwargs:
+            value = node.kwargs[argument.name]
+        elif position < len(node.args) and not argument.kwarg_only:
+            value = node.args[position]
+        else:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, torch.fx.Node):
+                yield item
+
+
+def _dtype(node: torch.fx.Node) -> Optional[torch.dtype]:
+    value = node.meta.get("val")
+    return getattr(value, "dtype", None)
+
+
+def boolean_index(node: torch.fx.Node) -> Optional[str]:
+    """MLX gathers only with integer indices: mlx.core.take(x, bool_indices) raises
+    "[Gather] Boolean indices not supported", and stock 1.5.1's index handler passes
+    a bool mask through as if it held positions. A constant mask reaches here already
+    turned into integer positions by the fold stage; any other runs on the CPU."""
+    masks = [i for i in _index_tensors(node) if _dtype(i) == torch.bool]
+    if not masks:
+        return None
+    why = (
+        "a constant mask the fold stage did not turn into integer positions"
+        if all(m.op == "placeholder" for m in masks)
+        else "a mask computed at run time has no constant positions to turn it into"
+    )
+    return (
+        f"boolean index {', '.join(m.name for m in masks)}: the MLX runtime gathers only with "
+        f"integer indices ([Gather] Boolean indices not supported), and {why}"
+    )
+
+
+def _rank(node: object) -> Optional[int]:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value.dim() if isinstance(value, torch.Tensor) else None
+
+
+def same_rank_single_index(node: torch.fx.Node) -> Optional[str]:
+    """Stock 1.5.1's aten.index.Tensor handler lowers one index tensor of the input's
+    rank to TakeAlongAxisNode (mlx take_along_axis), an element-wise gather: `x[rows]`
+    with x [4, 8] and rows [2, 2] should give [2, 2, 8] but fails to broadcast (or,
+    when the shapes broadcast, silently gives other values). Rank 1 is the same as a take."""
+    if op_name(node.target) != "aten.index.Tensor" or len(node.args) < 2:
+        return None
+    given = [i for i in node.args[1] if i is not None]
+    if len(given) != 1:
+        return None
+    rank, index_rank = _rank(node.args[0]), _rank(given[0])
+    if rank is not None and rank > 1 and index_rank == rank:
+        return (
+            f"index tensor {given[0].name} has the input's rank ({rank}): ExecuTorch 1.5.1's MLX "
+            "lowering turns it into take_along_axis, which gathers element-wise instead of whole slices"
+        )
+    return None
+
+
+# Every rule: node -> None when MLX may take it, else the reason it may not.
+RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (boolean_index, same_rank_single_index)
+
+
+def refusal(node: torch.fx.Node) -> Optional[str]:
+    """The reason the first rule refuses `node` for MLX, or None."""
+    if node.op != "call_function":
+        return None
+    for rule in RULES:
+        reason = rule(node)
+        if reason:
+            return reason
+    return None
+
+
+class GuardedSupport(OperatorSupportBase):
+    """ExecuTorch's MLX support check, with our rules applied first."""
+
+    def __init__(self, stock: OperatorSupportBase) -> None:
+        self.stock = stock
+        self.refused: dict[str, str] = {}
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        reason = refusal(node)
+        if reason:
+            self.refused[node.name] = reason
+            return False
+        return self.stock.is_node_supported(submodules, node)

@@ -1,0 +1,208 @@
+"""Compiled for MLX, run here (CPU nodes in torch, MLX payloads with mlx.core), compared with eager."""
+
+import torch
+
+import compiler
+from compiler.cli import main
+from compiler.examples import mlp, transformer
+from compiler.runtime import compare_with_eager
+
+TOLERANCE = 1e-4
+
+
+def _check(model, inputs, **options):
+    artifact = compiler.compile(model, inputs, backend="mlx", **options)
+    result = compare_with_eager(artifact, model, inputs)
+    assert result.max_abs_error < TOLERANCE, result
+    return artifact
+
+
+def _placement(artifact, op):
+    return [row for row in artifact.report.placement if row.op == op]
+
+
+def test_mlp_matches_eager():
+    model, inputs = mlp(features=16, hidden=32)
+    artifact = _check(model, inputs)
+    assert artifact.program.delegates == ("MLXBackend",)
+    assert artifact.program.operators == ()  # all of it is in the payload
+
+
+def test_transformer_example_matches_eager():
+    model, inputs = transformer(depth=1, dim=32, heads=2, seq=8)
+    artifact = _check(model, inputs)
+    assert artifact.program.delegates == ("MLXBackend",)
+
+
+class IntegerIndex(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cols", torch.tensor([3, 0, 2]))
+        self.register_buffer("rows", torch.tensor([[1, 0], [2, 3]]))
+        self.register_buffer("pick", torch.tensor([1, 5]))
+
+    def forward(self, x, i):
+        return (
+            x[:, self.cols] * 2.0,  # one index after a slice: take
+            torch.index_select(x, 0, i),  # a run-time integer index
+            x[self.rows, self.pick],  # two broadcast indices: gather
+            x[i] + 1.0,
+        )
+
+
+def test_integer_index_ops_match_eager():
+    model = IntegerIndex().eval()
+    artifact = _check(model, (torch.randn(4, 8), torch.tensor([2, 1, 1])))
+    assert all(row.where == "MLXBackend" for row in _placement(artifact, "aten.index.Tensor"))
+    assert _placement(artifact, "aten.index_select.default")[0].where == "MLXBackend"
+
+
+class RunTimeMask(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2.0
+        return y[y > 0] + 1.0
+
+
+class RunTimeMaskPut(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2.0
+        y[y > 0] = 0.0
+        return y + 1.0
+
+
+def test_run_time_bool_mask_put_stays_on_cpu_with_reason():
+    artifact = _check(RunTimeMaskPut().eval(), (torch.randn(4, 8),))
+    (row,) = _placement(artifact, "aten.index_put.default")
+    assert row.where == "cpu"
+    assert "boolean index" in row.reason and "Boolean indices not supported" in row.reason
+    assert artifact.program.operators == ("aten::index_put.out",)
+
+
+def test_run_time_bool_mask_index_stays_on_cpu_and_matches_eager():
+    artifact = _check(RunTimeMask().eval(), (torch.randn(4, 8),))
+    (row,) = _placement(artifact, "aten.index.Tensor")
+    assert row.where == "cpu" and "boolean index" in row.reason
+    # MLX on both sides of it: the second payload takes a tensor of run-time size.
+    assert artifact.program.delegates == ("MLXBackend", "MLXBackend")
+
+
+class SameRankIndex(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rows", torch.tensor([[1, 0], [2, 3]]))
+
+    def forward(self, x):
+        return x[self.rows] * 2.0
+
+
+def test_same_rank_single_index_stays_on_cpu_with_reason():
+    artifact = _check(SameRankIndex().eval(), (torch.randn(4, 8),))
+    (row,) = _placement(artifact, "aten.index.Tensor")
+    assert row.where == "cpu" and "take_along_axis" in row.reason
+
+
+def test_cli_compile_transformer_check(capsys, tmp_path):
+    out_file = tmp_path / "transformer.pte"
+    assert main(["compile", "transformer", "--backend", "mlx", "--check", "-o", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "MLXBackend" in out and "OK" in out
+    assert out_file.stat().st_size > 0
+
+
+class ConstantMasks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cols", torch.tensor([True, False, True, True, False, False, True, False]))
+        self.register_buffer("cells", torch.rand(4, 8) > 0.5)
+
+    def forward(self, x):
+        return x[:, self.cols] * 2.0, x[self.cells] + 1.0
+
+
+def test_constant_bool_masks_reach_mlx_as_integer_positions():
+    artifact = _check(ConstantMasks().eval(), (torch.randn(4, 8),))
+    rows = _placement(artifact, "aten.index.Tensor")
+    assert rows and all(row.where == "MLXBackend" for row in rows)
+    partitioned = artifact.stages["partition"].program
+    for node in partitioned.graph.nodes:
+        if "index" in str(node.target):
+            indices = [i for i in node.args[1] if i is not None]
+            assert all(i.meta["val"].dtype != torch.bool for i in indices)
+
+
+class Accumulator(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4, 8))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * 2.0
+
+
+def test_state_taken_over_by_mlx_matches_eager():
+    artifact = compiler.compile(Accumulator().eval(), (torch.randn(4, 8),), backend="mlx")
+    assert artifact.program.delegates == ("MLXBackend",)
+    x = torch.randn(4, 8)
+    (out,) = compiler.run(artifact, (x,))
+    torch.testing.assert_close(out, Accumulator()(x))
+
+
+class ConstantOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.linspace(0.0, 1.0, 8))
+
+    def forward(self, x):
+        return x + 1.0, self.w * 2.0  # the second output folds to a constant
+
+
+def test_folding_on_the_mlx_path_keeps_the_aten_program_aten():
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+    artifact = _check(ConstantOutput().eval(), (torch.randn(2, 8),))
+    folded = artifact.stages["fold"].program
+    targets = [n.target for n in folded.graph.nodes if n.op == "call_function"]
+    assert not any(isinstance(t, EdgeOpOverload) for t in targets)
+    assert torch.ops.aten.clone.default in targets
+
+
+class ManyOps(torch.nn.Module):
+    """One payload with many node types: elementwise, reductions, shapes, norms, pad."""
+
+    def forward(self, x):
+        f = torch.nn.functional
+        return (
+            torch.softmax(x, -1), f.silu(x), torch.cat([x[:, :2], x[:, 4:]], 1), torch.where(x > 0, x, -x),
+            x.mean(-1, keepdim=True), torch.rsqrt(x.abs() + 1), x.unsqueeze(0).expand(2, -1, -1).sum(0),
+            f.rms_norm(x, (8,), eps=1e-6), torch.tanh(x) * torch.sigmoid(x), x.flip(0), torch.clamp(x, -0.5, 0.5),
+            torch.stack([x, x], 1), x.amax(0), torch.argmax(x, 1), x.pow(2), torch.exp(x) / 3.0, x[:, 1::2],
+            torch.zeros(2, 3) + x.sum(), x.to(torch.int32), f.gelu(x, approximate="tanh"), x.var(1),
+            torch.cumsum(x, 1), f.pad(x, (1, 2)), x.t().contiguous(), torch.tril(x), x.repeat(2, 1), x.split(3, 1)[2],
+        )
+
+
+def test_many_payload_node_types_match_eager():
+    artifact = _check(ManyOps().eval(), (torch.randn(4, 8),))
+    assert all(row.where == "MLXBackend" for row in artifact.report.placement)
+
+
+class SharedWithCpu(torch.nn.Module):
+    """One buffer read by an op MLX takes and by a run-time bool-mask gather that stays on the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(32.0).reshape(4, 8) / 7)
+
+    def forward(self, x):
+        return x * self.table, self.table[x > 0]
+
+
+def test_constant_shared_by_mlx_and_a_cpu_op_is_split_and_matches_eager():
+    artifact = _check(SharedWithCpu().eval(), (torch.randn(4, 8),))
+    assert artifact.report.stage("split_constants").metrics["copies"] == 1
+    split = artifact.stages["split_constants"].program
+    table = next(n for n in split.graph.nodes if n.name == "b_table")
+    copy = next(n for n in split.graph.nodes if n.name == "b_table_copy_0")
+    assert {u.meta.get("delegation_tag") for u in table.users} == {None}
+    assert {u.meta.get("delegation_tag") for u in copy.users} == {copy.meta["delegation_tag"]}
