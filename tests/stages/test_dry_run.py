@@ -7,6 +7,7 @@ import compiler
 import compiler.examples
 import compiler.stages.dry_run as dry_run_module
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.backends.coreml import CoreMLBackend
 from compiler.ir.dialect import ATEN, op_dialect, op_name
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
@@ -81,3 +82,23 @@ def test_kept_nodes_are_the_ones_the_decompose_stage_keeps():
     kept = artifact.stages["dry_run"].keep_whole.nodes
     edge_ops = [op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"]
     assert edge_ops.count("aten.linear.default") == len(kept) == 3
+
+
+class UnfilteredCoreML(CoreMLBackend):
+    """Core ML asking to keep whole everything stock keeps whole (no filter of ours)."""
+
+    def keep_whole(self, program):
+        return KeepWhole(super().keep_whole(program).ops)
+
+
+class Uint8Matmul(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b).float() * 0.5
+
+
+def test_dry_run_drops_a_core_ml_kept_op_the_uint8_rule_moves_to_the_cpu():
+    inputs = (torch.randint(0, 9, (2, 3), dtype=torch.uint8), torch.randint(0, 9, (3, 2), dtype=torch.uint8))
+    artifact = compiler.compile(Uint8Matmul(), inputs, UnfilteredCoreML())
+    plan = artifact.stages["dry_run"].keep_whole
+    assert list(plan.dropped) == ["matmul"] and "uint8" in plan.dropped["matmul"]
+    assert "aten::matmul.out" not in artifact.program.operators
