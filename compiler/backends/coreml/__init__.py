@@ -130,6 +130,20 @@ class CoreMLBackend(Backend):
         touched = rules.tensor_dtypes(node).union(*(rules.tensor_dtypes(a) for a in node.all_input_nodes))
         return not touched & rules.REFUSED_DTYPES
 
+    def dry_run_needed(self, program: ExportedProgram, kept: list[torch.fx.Node]) -> str | None:
+        """The partition rules that can move a kept node to the CPU need a refused dtype, a skip
+        list or a rank above Core ML's limit somewhere in the program; without them, every node
+        the keep-whole filter accepts is taken."""
+        if self.skip_ops_for_coreml_delegation:
+            return "a skip list is given"
+        for node in program.graph.nodes:
+            for value in rules._values(node):
+                if value.dtype in rules.REFUSED_DTYPES:
+                    return f"{node.name} is {value.dtype}, which Core ML refuses"
+                if value.dim() > rules.CORE_ML_MAX_RANK:
+                    return f"{node.name} has rank {value.dim()}"
+        return None
+
     # --- partition --------------------------------------------------------------------
 
     def partition(self, program: ExportedProgram) -> BackendPartition:
