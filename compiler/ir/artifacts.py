@@ -83,9 +83,14 @@ class KeepWholePlan:
 
 @attrs.frozen
 class PlannedProgram(AtenProgram):
-    """An ATen program with the dry run's answer: which of its nodes to keep whole."""
+    """An ATen program with the dry run's answer: which of its nodes to keep whole.
+
+    `decomposed` is the dry run's own Edge program when it kept exactly the planned
+    nodes, so the decompose stage need not decompose again (not saved in stage files).
+    """
 
     keep_whole: KeepWholePlan = attrs.field(factory=KeepWholePlan)
+    decomposed: "EdgeProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

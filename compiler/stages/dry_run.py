@@ -15,13 +15,16 @@ has a CPU kernel, or the backend says it takes every kept node.
 
 from __future__ import annotations
 
+import time
+
+import attrs
 import torch
 from torch.export import ExportedProgram
 
 from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
 
 from compiler.backends.base import Backend, KeepWhole
-from compiler.ir.artifacts import AtenProgram, KeepWholePlan, PlannedProgram
+from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import DELEGATION_TAG, call_nodes
 from compiler.ir.kernels import missing_kernel
@@ -51,21 +54,31 @@ def _aten_origin(node: torch.fx.Node) -> str:
     return source.name
 
 
-def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> dict[str, str]:
+@attrs.frozen
+class DryRunResult:
+    dropped: dict[str, str]  # ATen node name -> why it is decomposed after all
+    decomposed: EdgeProgram  # the dry run's Edge program, untagged again
+    decompose_seconds: float  # the part of the dry run the decompose stage can reuse
+
+
+def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> DryRunResult:
     """Decompose as the decompose stage will, partition, and say which kept nodes to drop and why."""
     names = {n.name for n in kept}
+    start = time.perf_counter()
     edge = to_edge_program(program, names)
+    decompose_seconds = time.perf_counter() - start
     partition = backend.partition(edge.program)
     dropped = {}
-    for node in call_nodes(edge.program):
-        origin = _aten_origin(node)
-        if origin not in names or node.meta.get(DELEGATION_TAG):
+    for node in edge.program.graph.nodes:
+        tagged = node.meta.pop(DELEGATION_TAG, None)
+        if node.op != "call_function" or tagged:
             continue
-        kernel = missing_kernel(node.target)
+        origin = _aten_origin(node)
+        kernel = missing_kernel(node.target) if origin in names else None
         if kernel:
             why = partition.cpu_reasons.get(node.name) or backend.default_cpu_reason(node)
             dropped[origin] = f"would run on the CPU ({why}) where the runtime has no {kernel}"
-    return dropped
+    return DryRunResult(dropped, edge, decompose_seconds)
 
 
 class DryRun(Stage):
@@ -76,19 +89,25 @@ class DryRun(Stage):
     def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
         program = aten.program
         kept = requested_nodes(program, ctx.backend)
-        skipped = None
+        skipped = because = None
         if not kept:
             skipped = "nothing to keep whole"
         elif not any(missing_kernel(n.target) for n in kept):
             skipped = "every kept op has a CPU kernel"
-        elif ctx.backend.dry_run_needed(program, kept) is None:
-            skipped = f"the {ctx.backend.name} backend takes every kept op"
-        dropped = {} if skipped else dry_run(program, ctx.backend, kept)
-        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), dropped, skipped)
-        ctx.metrics["kept"] = len(plan.nodes)
+        else:
+            because = ctx.backend.dry_run_needed(program, kept)
+            skipped = None if because else f"the {ctx.backend.name} backend takes every kept op"
+        ctx.metrics["kept"] = len(kept)
         if skipped:
             ctx.metrics["skipped"] = skipped
-        if dropped:
-            by_op = sorted({op_name(n.target) for n in kept if n.name in dropped})
+            return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), {}, skipped))
+        ctx.metrics["because"] = because
+        result = dry_run(program, ctx.backend, kept)
+        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(result.dropped), result.dropped)
+        ctx.metrics["kept"] = len(plan.nodes)
+        if result.dropped:
+            by_op = sorted({op_name(n.target) for n in kept if n.name in result.dropped})
             ctx.metrics["decomposed"] = ", ".join(by_op)
-        return PlannedProgram(program, plan)
+            return PlannedProgram(program, plan)  # planned otherwise than the dry run decomposed
+        ctx.metrics["reusable_s"] = round(result.decompose_seconds, 3)
+        return PlannedProgram(program, plan, result.decomposed)

@@ -102,3 +102,22 @@ def test_dry_run_drops_a_core_ml_kept_op_the_uint8_rule_moves_to_the_cpu():
     plan = artifact.stages["dry_run"].keep_whole
     assert list(plan.dropped) == ["matmul"] and "uint8" in plan.dropped["matmul"]
     assert "aten::matmul.out" not in artifact.program.operators
+
+
+class FrameToLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, frame):
+        return self.proj(frame.float() / 255.0)
+
+
+def test_decompose_reuses_the_dry_run_program_when_nothing_is_dropped():
+    artifact = compiler.compile(FrameToLinear(), (torch.zeros(2, 8, dtype=torch.uint8),), "coreml")
+    dry_run = artifact.report.stage("dry_run")
+    assert "uint8" in dry_run.metrics["because"] and dry_run.metrics["kept"] == 1
+    assert artifact.report.stage("decompose").metrics["reused"] == "dry run"
+    assert artifact.stages["decompose"] is artifact.stages["dry_run"].decomposed
+    edge = artifact.stages["decompose"].program
+    assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)  # the dry run's tags are gone
