@@ -104,17 +104,19 @@ def test_dry_run_drops_a_core_ml_kept_op_the_uint8_rule_moves_to_the_cpu():
     assert "aten::matmul.out" not in artifact.program.operators
 
 
-class FrameToLinear(torch.nn.Module):
+class FrameToMatmul(torch.nn.Module):
+    """A uint8 frame (so the dry run must look) feeding a matmul Core ML keeps whole and takes."""
+
     def __init__(self):
         super().__init__()
-        self.proj = torch.nn.Linear(8, 8)
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
 
     def forward(self, frame):
-        return self.proj(frame.float() / 255.0)
+        return torch.matmul(frame.float() / 255.0, self.w)
 
 
 def test_decompose_reuses_the_dry_run_program_when_nothing_is_dropped():
-    artifact = compiler.compile(FrameToLinear(), (torch.zeros(2, 8, dtype=torch.uint8),), "coreml")
+    artifact = compiler.compile(FrameToMatmul(), (torch.zeros(1, 2, 8, dtype=torch.uint8),), "coreml")
     dry_run = artifact.report.stage("dry_run")
     assert "uint8" in dry_run.metrics["because"] and dry_run.metrics["kept"] == 1
     assert artifact.report.stage("decompose").metrics["reused"] == "dry run"
