@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
-from executorch.exir import EdgeCompileConfig
 from executorch.exir.program._program import (
-    _generate_edge_program,
     _register_no_decomp_op,
     _remove_invalid_ops_for_not_decompose,
     _restore_transformed_ops_to_aten_ops,
@@ -27,6 +25,7 @@ from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir.dialect import ATEN, op_dialect, op_name
 from compiler.ir.graph import call_nodes
 from compiler.stages.base import Stage, StageContext
+from compiler.stages.edge_conversion import generate_edge_program
 
 
 def decompose(
@@ -75,7 +74,7 @@ def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[s
     """The Edge program for `program`, keeping whole the nodes named (the dry run uses this too)."""
     ops = frozenset(n.target for n in call_nodes(program) if n.name in keep_nodes)
     decomposed, preserved = decompose(program, KeepWhole(ops, lambda node: node.name in keep_nodes))
-    edge = _generate_edge_program(EdgeCompileConfig(), decomposed, preserve_ops=preserved)
+    edge, _ = generate_edge_program(decomposed, preserved)
     finish_edge_ops(edge)
     return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
 
