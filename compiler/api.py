@@ -102,6 +102,7 @@ def run_pipeline(
         stop_after=options.stop_after,
         timing=timing,
         verify=verify,
+        options=options,
     )
 
 

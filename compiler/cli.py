@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("--stop-after", choices=STAGE_NAMES, help="stop after this stage")
     compile_cmd.add_argument("--resume-from", metavar="FILE", help="continue from a dumped .stage file")
     compile_cmd.add_argument("--no-verify", action="store_true", help="do not check invariants after each stage")
+    compile_cmd.add_argument(
+        "--fold-skip-op", action="append", default=[], metavar="OP",
+        help="an op the fold stage must not fold (e.g. aten.t.default), added to its defaults",
+    )
+    compile_cmd.add_argument(
+        "--fold-replace-skip-ops", action="store_true", help="--fold-skip-op replaces the defaults"
+    )
     compile_cmd.add_argument("--reproducer-dir", help="where a failing stage's input is saved (default: dump dir or a temp dir)")
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     compile_cmd.add_argument("--tolerance", type=float, default=1e-4, help="max abs error --check accepts")
@@ -79,6 +86,8 @@ def driver_options(args: argparse.Namespace) -> dict[str, Any]:
         "stop_after": args.stop_after,
         "resume_from": args.resume_from,
         "reproducer_dir": args.reproducer_dir,
+        "fold_skip_ops": args.fold_skip_op,
+        "fold_replace_skip_ops": args.fold_replace_skip_ops,
     }
 
 

@@ -46,6 +46,7 @@ class Pipeline:
         stop_after: str | None = None,
         timing: Timing | None = None,
         verify: VerifyEach | None = None,
+        options: Any = None,
     ) -> PipelineRun:
         start = self.names.index(start_after) + 1 if start_after else 0
         stop = self.names.index(stop_after) if stop_after else len(self.stages) - 1
@@ -65,7 +66,7 @@ class Pipeline:
         records: list[StageRecord] = []
         artifacts: dict[str, Any] = {}
         for stage in self.stages[start : stop + 1]:
-            ctx = StageContext(backend)
+            ctx = StageContext(backend, options)
             output = self._run_stage(stage, artifact, ctx, instruments)
             before, after = artifact_stats(artifact), artifact_stats(output)
             records.append(

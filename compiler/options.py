@@ -41,6 +41,10 @@ class DriverOptions:
     reproducer_dir: str | None = None
     # Extra instruments of the caller's, outermost first.
     instruments: tuple[Instrument, ...] = attrs.field(default=(), converter=tuple)
+    # Ops the fold stage must not fold (OpOverloads or names like "aten.t.default"),
+    # added to its defaults (fills, dequantize); with fold_replace_skip_ops, instead of them.
+    fold_skip_ops: tuple = attrs.field(default=(), converter=tuple)
+    fold_replace_skip_ops: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.stop_after is not None:

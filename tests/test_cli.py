@@ -51,6 +51,7 @@ def test_example_arguments(capsys):
         (["compile", "mlp", "--backend", "tpu"], "unknown backend"),
         (["compile", "--resume-from", "nope.stage"], "does not exist"),
         (["compile"], "needs a MODEL"),
+        (["compile", "mlp", "--fold-skip-op", "aten.nope.default"], "names no operator"),
     ],
 )
 def test_bad_input_exits_nonzero_without_traceback(capsys, argv, message):

@@ -12,9 +12,12 @@ from compiler.backends.base import Backend
 
 @attrs.define
 class StageContext:
-    """What a stage may use besides its input: the backend, and a place for its numbers."""
+    """What a stage may use besides its input: the backend, the driver options, and a place
+    for its numbers."""
 
     backend: Backend
+    # The run's `DriverOptions` (stage options such as `fold_skip_ops` live there); None: defaults.
+    options: Any = None
     # Numbers the stage wants in the report (e.g. constants folded); filled by `run`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
 

@@ -32,6 +32,7 @@ from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE
+from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, mutated_buffer_targets
 from compiler.stages.base import Stage, StageContext
 
@@ -356,19 +357,34 @@ def _replace_with_literal(node: torch.fx.Node, value: Any) -> None:
         user.kwargs = pytree.tree_map_only(torch.fx.Node, lambda a: value if a is node else a, user.kwargs)
 
 
+def resolve_op(op: Any) -> Any:
+    """An OpOverload from itself or a name like "aten.t.default" (namespace.op.overload)."""
+    if not isinstance(op, str):
+        return op
+    parts = op.replace("::", ".").split(".")
+    namespace, name, overload = (parts + ["default"])[:3] if len(parts) == 2 else parts[:3]
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (AttributeError, RuntimeError) as exc:
+        raise UserInputError(
+            f"fold_skip_ops names no operator: {op!r}",
+            stage="fold",
+            hint='spell ops as namespace.name.overload, e.g. "aten.full.default"',
+        ) from exc
+
+
 class Fold(Stage):
-    """Options: `skip_ops` (added to the dialect's defaults), `replace_skip_ops` (use only `skip_ops`)."""
+    """Driver options: `fold_skip_ops` (added to the dialect's defaults), and
+    `fold_replace_skip_ops` (use only `fold_skip_ops`)."""
 
     name = "fold"
     takes = AtenProgram
     returns = AtenProgram
 
-    def __init__(self, skip_ops: Iterable = (), replace_skip_ops: bool = False) -> None:
-        self.skip_ops = frozenset(skip_ops)
-        self.replace_skip_ops = replace_skip_ops
-
     def run(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
-        skip = self.skip_ops if self.replace_skip_ops else default_skip_ops(ATEN) | self.skip_ops
+        given = frozenset(resolve_op(op) for op in getattr(ctx.options, "fold_skip_ops", ()))
+        replace = getattr(ctx.options, "fold_replace_skip_ops", False)
+        skip = given if replace else default_skip_ops(ATEN) | given
         if not needs_folding(program.program, skip):
             ctx.metrics["folded"] = 0
             return program
