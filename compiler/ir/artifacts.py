@@ -44,10 +44,21 @@ class EagerModel:
 
 
 @attrs.frozen
-class AtenProgram:
-    """A captured program in the ATen dialect (before decomposition)."""
+class _ExportedArtifact:
+    """An artifact whose program is a torch.export ExportedProgram."""
 
     program: ExportedProgram
+
+    def stats(self) -> ProgramStats:
+        return ProgramStats(nodes=sum(1 for _ in op_nodes(self.program)))
+
+    def graph_text(self) -> str:
+        return graph_text(self.program)
+
+
+@attrs.frozen
+class AtenProgram(_ExportedArtifact):
+    """A captured program in the ATen dialect (before decomposition)."""
 
     dialect: ClassVar[str] = ATEN
     invariants: ClassVar[tuple] = (
@@ -55,12 +66,6 @@ class AtenProgram:
         inv.aten_ops_only,
         inv.constants_listed_once,
     )
-
-    def stats(self) -> ProgramStats:
-        return ProgramStats(nodes=sum(1 for _ in op_nodes(self.program)))
-
-    def graph_text(self) -> str:
-        return graph_text(self.program)
 
 
 @attrs.frozen
@@ -94,10 +99,9 @@ class PlannedProgram(AtenProgram):
 
 
 @attrs.frozen
-class EdgeProgram:
+class EdgeProgram(_ExportedArtifact):
     """A program in the Edge dialect; `preserved_ops` were kept whole for the backend."""
 
-    program: ExportedProgram
     preserved_ops: tuple[str, ...] = ()
 
     dialect: ClassVar[str] = EDGE
@@ -107,18 +111,11 @@ class EdgeProgram:
         inv.constants_listed_once,
     )
 
-    def stats(self) -> ProgramStats:
-        return ProgramStats(nodes=sum(1 for _ in op_nodes(self.program)))
-
-    def graph_text(self) -> str:
-        return graph_text(self.program)
-
 
 @attrs.frozen
-class PartitionedProgram:
+class PartitionedProgram(_ExportedArtifact):
     """An Edge program whose nodes carry delegation tags, with the plan that explains them."""
 
-    program: ExportedProgram
     plan: PlacementPlan
     preserved_ops: tuple[str, ...] = ()
     # Dtypes the backend cannot take as delegate inputs (from the backend).
@@ -142,7 +139,10 @@ class PartitionedProgram:
         )
 
     def graph_text(self) -> str:
-        return graph_text(self.program)
+        placement = "".join(
+            f"#   {p.node}: {self.plan.where(p)}{f'  ({p.reason})' if p.reason else ''}\n" for p in self.plan.nodes
+        )
+        return graph_text(self.program) + "\n# placement\n" + placement
 
 
 @attrs.frozen
@@ -153,10 +153,9 @@ class SplitProgram(PartitionedProgram):
 
 
 @attrs.frozen
-class LoweredProgram:
+class LoweredProgram(_ExportedArtifact):
     """An Edge program whose delegated parts are backend payloads behind delegate calls."""
 
-    program: ExportedProgram
     plan: PlacementPlan
 
     dialect: ClassVar[str] = EDGE
@@ -171,9 +170,6 @@ class LoweredProgram:
         cpu = sum(1 for _ in op_nodes(self.program))
         delegates = len(delegate_calls(self.program))
         return ProgramStats(nodes=cpu + delegates, delegates=delegates, cpu_ops=cpu)
-
-    def graph_text(self) -> str:
-        return graph_text(self.program)
 
 
 @attrs.frozen

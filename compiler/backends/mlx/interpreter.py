@@ -604,9 +604,8 @@ def _split(it: Interpreter, f: dict) -> None:
         it.set(ref, part)
 
 
-@node("SliceNode")
-def _slice(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
+def _axis_slice(it: "Interpreter", f: dict, x) -> tuple:
+    """The index of a slice node's start:stop:step along its axis, clamped like torch."""
     axis = it.v(f["axis"]) % x.ndim
     size = x.shape[axis]
     start, stop = it.v(f["start"]), it.v(f["stop"])
@@ -614,21 +613,20 @@ def _slice(it: Interpreter, f: dict) -> None:
     stop = max(0, min(size, stop + size if stop < 0 else stop))
     index = [slice(None)] * x.ndim
     index[axis] = slice(start, stop, f["step"] or 1)
-    it.set(f["out"], x[tuple(index)])
+    return tuple(index)
+
+
+@node("SliceNode")
+def _slice(it: Interpreter, f: dict) -> None:
+    x = it.t(f["x"])
+    it.set(f["out"], x[_axis_slice(it, f, x)])
 
 
 @node("SliceUpdateNode")
 def _slice_update(it: Interpreter, f: dict) -> None:
     dst = it.t(f["dst"])
-    axis = it.v(f["axis"]) % dst.ndim
-    size = dst.shape[axis]
-    start, stop = it.v(f["start"]), it.v(f["stop"])
-    start = max(0, min(size, start + size if start < 0 else start))
-    stop = max(0, min(size, stop + size if stop < 0 else stop))
-    index = [slice(None)] * dst.ndim
-    index[axis] = slice(start, stop, f["step"] or 1)
     out = mx.array(dst)
-    out[tuple(index)] = it.t(f["update"])
+    out[_axis_slice(it, f, dst)] = it.t(f["update"])
     it.set(f["out"], out)
 
 
