@@ -217,3 +217,33 @@ def test_lifted_constant_read_by_xnnpack_and_two_cpu_ops_matches_eager():
     artifact = compiler.compile(model, inputs, "xnnpack")
     assert artifact.report.stage("lower").delegates == 1
     assert compiler.compare_with_eager(artifact, model, inputs).max_abs_error < 1e-5
+
+
+class FoldedWeight(torch.nn.Module):
+    """A weight the fold stage turns into a lifted constant, read by XNNPACK's linear and two CPU ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x):
+        w = self.w * 2
+        return torch.nn.functional.linear(x, w), torch.atan2(x, w), torch.remainder(x, w)
+
+
+def test_stock_folded_constant_shared_with_xnnpack_cannot_be_unlifted():
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    ep = constant_prop_pass(export(FoldedWeight(), (torch.randn(3, 3),)).run_decompositions({}))
+    lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).exported_program()
+    with pytest.raises(AttributeError, match="_prop_tensor_constant0` is not a buffer"):
+        lowered.module()
+
+
+def test_folded_constant_shared_with_xnnpack_is_listed_once_and_matches_eager():
+    model, inputs = FoldedWeight(), (torch.randn(3, 3),)
+    artifact = compiler.compile(model, inputs, "xnnpack")
+    lowered = artifact.stages["lower"].program
+    assert artifact.report.stage("split_constants").metrics["copies"] == 1
+    lowered.module()  # unlifts: every constant target is listed once
+    assert compiler.compare_with_eager(artifact, model, inputs).max_abs_error < 1e-5
