@@ -26,7 +26,7 @@ from executorch.exir.program._program import _remove_invalid_ops_for_not_decompo
 from compiler.backends.base import Backend, KeepWhole
 from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
-from compiler.ir.graph import DELEGATION_TAG, call_nodes
+from compiler.ir.graph import DELEGATION_TAG, call_nodes, copy_program
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.decompose import to_edge_program
@@ -57,7 +57,7 @@ def _aten_origin(node: torch.fx.Node) -> str:
 @attrs.frozen
 class DryRunResult:
     dropped: dict[str, str]  # ATen node name -> why it is decomposed after all
-    decomposed: EdgeProgram  # the dry run's Edge program, untagged again
+    decomposed: EdgeProgram  # the dry run's Edge program, as the decompose stage would make it
     decompose_seconds: float  # the part of the dry run the decompose stage can reuse
 
 
@@ -67,14 +67,16 @@ def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node
     start = time.perf_counter()
     edge = to_edge_program(program, names)
     decompose_seconds = time.perf_counter() - start
-    partition = backend.partition(edge.program)
+    # The backend may rewrite what it partitions (Core ML reshapes rank-6 chains): give it a
+    # copy, so the Edge program handed on to the decompose stage stays a pure decomposition.
+    searched = copy_program(edge.program)
+    partition = backend.partition(searched)
     dropped = {}
-    for node in edge.program.graph.nodes:
-        tagged = node.meta.pop(DELEGATION_TAG, None)
-        if node.op != "call_function" or tagged:
-            continue
+    for node in call_nodes(searched):
         origin = _aten_origin(node)
-        kernel = missing_kernel(node.target) if origin in names else None
+        if origin not in names or node.meta.get(DELEGATION_TAG):
+            continue
+        kernel = missing_kernel(node.target)
         if kernel:
             why = partition.cpu_reasons.get(node.name) or backend.default_cpu_reason(node)
             dropped[origin] = f"would run on the CPU ({why}) where the runtime has no {kernel}"

@@ -7,6 +7,7 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 "iOS18"), which is written into the compile specs.
 
 - `rules.py`: every reason an op stays on the CPU, one predicate each;
+- `rank.py`: shape-only chains through rank > 5 rewritten at rank <= 5 before the search;
 - `search.py`: the partition search that asks them;
 - `conversion.py`: fixes to coremltools' conversion, installed by `lowering()`;
 - `payload.py`: reads a Core ML payload back (its MIL program), for checks and tests.
@@ -27,7 +28,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.coreml import conversion, rules, search
+from compiler.backends.coreml import conversion, rank, rules, search
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes
@@ -137,7 +138,7 @@ class CoreMLBackend(Backend):
         if self.skip_ops_for_coreml_delegation:
             return "a skip list is given"
         for node in program.graph.nodes:
-            for value in rules._values(node):
+            for value in rules.tensor_values(node):
                 if value.dtype in rules.REFUSED_DTYPES:
                     return f"{node.name} is {value.dtype}, which Core ML refuses"
                 if value.dim() > rules.CORE_ML_MAX_RANK:
@@ -147,6 +148,9 @@ class CoreMLBackend(Backend):
     # --- partition --------------------------------------------------------------------
 
     def partition(self, program: ExportedProgram) -> BackendPartition:
+        # The program is the partition stage's own copy: chains through rank > 5 that can be
+        # written at rank <= 5 are, so Core ML takes them (the rank rule refuses the rest).
+        rank.reduce_rank(program)
         result = search.search(
             program, self.rule_context, self.take_over_constant_data, self.take_over_mutable_buffer
         )

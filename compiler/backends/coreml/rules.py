@@ -93,7 +93,7 @@ def _is(node: torch.fx.Node, *packets) -> bool:
     return isinstance(op, torch._ops.OpOverload) and op.overloadpacket in packets
 
 
-def _values(node: torch.fx.Node) -> list[torch.Tensor]:
+def tensor_values(node: torch.fx.Node) -> list[torch.Tensor]:
     """The tensors a node produces (several for split/topk/...)."""
     val = node.meta.get("val")
     if isinstance(val, (list, tuple)):
@@ -102,7 +102,7 @@ def _values(node: torch.fx.Node) -> list[torch.Tensor]:
 
 
 def tensor_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
-    return {v.dtype for v in _values(node)}
+    return {v.dtype for v in tensor_values(node)}
 
 
 def normalise_op_name(name: str) -> str:
@@ -189,34 +189,52 @@ def min_max_over_bool(node, ctx) -> Optional[str]:
     return None
 
 
-def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[str]:
-    """Which index_put form coremltools converts wrongly or not at all, if any."""
+# How stock 1.5.1 fails on each index_put form; a form without a text builds on stock, but
+# coremltools converts it wrongly.
+_STOCK_BOOL_NEXT_TO_SLICE = "the named input `y` must have the same data type as the named input `x`"
+_STOCK_BROADCAST = "Component tensor ... has shape ..., others have ..."
+_STOCK_SEVERAL_ENTRIES = "Input squeeze_0 has rank 1 != other inputs rank 0"
+_STOCK_ZERO_D = "AttributeError: type object 'int' has no attribute 'get_primitive'"
+_STOCK_VALUES_VARY = "The updates tensor should have shape [...]"
+
+
+def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[tuple[str, Optional[str]]]:
+    """Which index_put form coremltools converts wrongly or not at all, and stock's failure text."""
     self_arg, indices, values = node.args[:3]
     accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
     if accumulate:
-        return "accumulate=True"
+        return "accumulate=True", None
     given = [(i, idx) for i, idx in enumerate(indices) if idx is not None]
     has_slice = len(given) < len(indices)
     metas = [idx.meta.get("val") for _, idx in given]
     if any(m is None for m in metas):
-        return "index tensors of unknown shape"
+        return "index tensors of unknown shape", None
     if any(m.dtype == torch.bool for m in metas):
-        if len(given) > 1 or has_slice or not ctx.ios18:
-            return "a bool mask index"
+        if len(given) > 1 or has_slice:
+            return "a bool index next to a slice or another index", _STOCK_BOOL_NEXT_TO_SLICE
+        if not ctx.ios18:
+            return "a bool mask index below iOS 18", None
         return None
     if len({tuple(m.shape) for m in metas}) > 1:
-        return "index tensors that broadcast against each other"
+        return "index tensors that broadcast against each other", _STOCK_BROADCAST
     if has_slice and any(m.numel() > 1 for m in metas):
-        return "an index of more than one entry next to a slice"
+        return "an index of more than one entry next to a slice", _STOCK_SEVERAL_ENTRIES
     zero_d = any(m.dim() == 0 for m in metas)
+    if zero_d and not has_slice:
+        # coremltools asks the first index for its element type, which a 0-d index has not.
+        return "a 0-d index and no slice", _STOCK_ZERO_D
     if zero_d or (has_slice and len(given) > 1):
-        # Fine only when the values vary only after the last indexed dim.
+        # coremltools writes a block of size 1 in every indexed dim and broadcasts the values
+        # to it: fine only when the values vary only after the last indexed dim.
         last = given[-1][0]
         self_val, values_val = self_arg.meta.get("val"), values.meta.get("val")
         trailing = self_val.dim() - last - 1
         leading = values_val.shape[: max(values_val.dim() - trailing, 0)]
         if any(size != 1 for size in leading):
-            return "a 0-d index or several indices next to a slice, with values that vary before the last index"
+            return (
+                "a 0-d index or several indices next to a slice, with values that vary before the last index",
+                None if zero_d else _STOCK_VALUES_VARY,
+            )
     return None
 
 
@@ -224,24 +242,24 @@ def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[str]:
 def unsupported_index_put(node, ctx) -> Optional[str]:
     if not _is(node, torch.ops.aten.index_put):
         return None
-    problem = _index_put_problem(node, ctx)
-    if problem:
-        return (
-            f"{op_name(node.target)} with {problem} is not supported by Core ML "
-            "(stock: 'Input squeeze_0 has rank 1 != other inputs rank 0' or wrong values)"
-        )
-    return None
+    found = _index_put_problem(node, ctx)
+    if not found:
+        return None
+    problem, stock_text = found
+    stock_says = f"stock: {stock_text!r}" if stock_text else "coremltools converts it wrongly"
+    return f"{op_name(node.target)} with {problem} is not supported by Core ML ({stock_says})"
 
 
 @node_rule()
 def rank_above_five(node, ctx) -> Optional[str]:
-    produced = max((v.dim() for v in _values(node)), default=0)
-    read = max((v.dim() for arg in node.all_input_nodes for v in _values(arg)), default=0)
+    produced = max((v.dim() for v in tensor_values(node)), default=0)
+    read = max((v.dim() for arg in node.all_input_nodes for v in tensor_values(arg)), default=0)
     if max(produced, read) > CORE_ML_MAX_RANK:
         verb = "produces" if produced > CORE_ML_MAX_RANK else "reads"
         return (
             f"{verb} a rank {max(produced, read)} tensor; Core ML only supports tensors of "
-            f"rank <= {CORE_ML_MAX_RANK}"
+            f"rank <= {CORE_ML_MAX_RANK} (only view/permute chains between lower-rank tensors "
+            "are rewritten to fit)"
         )
     return None
 

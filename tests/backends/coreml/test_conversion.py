@@ -99,3 +99,32 @@ def test_zeros_like_of_bool_mask_converts_as_float():
     # Stock fills with bool, so masked_fill(-1.0) computes in bool (-1 becomes True, i.e. 1.0).
     assert list(stock.ops_of_type("select")[0].outputs.values()) == ["bool"]
     assert list(ours.ops_of_type("select")[0].outputs.values()) == ["float16"]
+
+
+class BoolMaskAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x, mask):
+        return self.attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+def test_multihead_attention_with_bool_mask_fills_the_mask_as_float():
+    model = BoolMaskAttention().eval()
+    inputs = (torch.randn(1, 4, 8), torch.triu(torch.ones(4, 4, dtype=torch.bool), 1))
+    # Stock builds, but fills zeros_like(mask, dtype=float) as bool: masked_fill(-inf) then
+    # computes in bool, so the additive mask is 0/1 instead of 0/-inf.
+    (stock,) = read_models(stock_pte(model, inputs))
+    assert _output_dtype(stock, "aten_zeros_like_default") == "bool"
+    assert [list(op.outputs.values()) for op in stock.ops_of_type("select")] == [["bool"]]
+
+    artifact = compile_coreml(model, inputs)
+    assert not cpu_ops(artifact)
+    assert artifact.program.delegates == ("CoreMLBackend",)
+    (ours,) = models(artifact)
+    zeros = [op for op in ours.ops if op.name.startswith("aten_zeros_like_default")]
+    assert zeros and all(d == "float16" for op in zeros for d in op.outputs.values())
+    (fill,) = ours.ops_of_type("select")  # the mask fill, computed as float
+    assert list(fill.outputs.values()) == ["float16"]
+    assert "softmax" in ours.op_types()

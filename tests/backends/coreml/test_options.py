@@ -8,7 +8,7 @@ import compiler
 from compiler.backends.base import KeepWhole
 from compiler.backends.coreml import CoreMLBackend, CoreMLRefusal
 from compiler.ir.errors import UserInputError, VerificationError
-from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons
+from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, stock_error
 
 
 class TwoColumns(nn.Module):
@@ -19,6 +19,9 @@ class TwoColumns(nn.Module):
 
 
 def test_lower_full_graph_fails_with_the_reason():
+    # Stock fails inside coremltools, without naming the op or the option.
+    stock = stock_error(TwoColumns(), (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), lower_full_graph=True)
+    assert stock == "ValueError: Input squeeze_0 has rank 1 != other inputs rank 0"
     with pytest.raises(CoreMLRefusal) as err:
         compile_coreml(TwoColumns(), (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), lower_full_graph=True)
     text = str(err.value)

@@ -104,6 +104,82 @@ def test_index_put_forms(model, inputs, on_cpu, why):
         assert "aten.index_put.default" in delegated_ops(artifact)
 
 
+def _broadcast_indices(y, v):
+    y[torch.tensor([[0], [2]]), torch.tensor([1, 3, 4])] = v  # (2, 1) and (3,) broadcast to (2, 3)
+
+
+def _two_indices_after_slice(y, v):
+    y[:, torch.tensor([1]), torch.tensor([2])] = v
+
+
+def _bool_next_to_slice(y, v):
+    y[:, torch.tensor([True, False, True, False])] = v
+
+
+class IndexPutAt(nn.Module):
+    """index_put with a run-time 0-d index (`y[:, i] = v` would call .item() on it)."""
+
+    def __init__(self, with_slice):
+        super().__init__()
+        self.with_slice = with_slice
+
+    def forward(self, y, i, v):
+        indices = [None, i] if self.with_slice else [i]
+        return torch.ops.aten.index_put.default(y, indices, v) * 2
+
+
+_I = torch.tensor(1)
+
+
+@pytest.mark.parametrize(
+    "model, inputs, target, why, stock",
+    [
+        (IndexPut(_broadcast_indices), (torch.randn(4, 5), torch.randn(2, 3)), None,
+         "index tensors that broadcast against each other", "has shape (3,), others have (2, 1)"),
+        (IndexPutAt(False), (torch.randn(4, 3), _I, torch.randn(3)), None,
+         "a 0-d index and no slice", "AttributeError: type object 'int' has no attribute 'get_primitive'"),
+        (IndexPutAt(True), (torch.randn(2, 4, 3), _I, torch.randn(2, 3)), None,
+         "a 0-d index or several indices next to a slice, with values that vary before the last index", ""),
+        (IndexPutAt(True), (torch.randn(2, 4, 3), _I, torch.randn(3)), None, None, ""),
+        (IndexPut(_two_indices_after_slice), (torch.randn(2, 4, 5, 3), torch.randn(2, 1, 3)), None,
+         "several indices next to a slice, with values that vary before the last index",
+         "The updates tensor should have shape"),
+        (IndexPut(_two_indices_after_slice), (torch.randn(2, 4, 5, 3), torch.randn(1, 3)), None, None, ""),
+        (IndexPut(_bool_next_to_slice), (torch.randn(3, 4), torch.randn(3, 2)), None,
+         "a bool index next to a slice", "y has dtype int32 whereas x has dtype bool"),
+        # Stock fails the same way at iOS 18, so the form stays refused there too.
+        (IndexPut(_bool_next_to_slice), (torch.randn(3, 4), torch.randn(3, 2)), "iOS18",
+         "a bool index next to a slice", "y has dtype int32 whereas x has dtype bool"),
+    ],
+    ids=[
+        "broadcast-indices", "0-d-index", "0-d-next-to-slice-values-vary", "0-d-next-to-slice",
+        "several-next-to-slice-values-vary", "several-next-to-slice", "bool-next-to-slice", "bool-next-to-slice-ios18",
+    ],
+)
+def test_more_index_put_forms(model, inputs, target, why, stock):
+    stock_options = {}
+    if target:
+        import coremltools as ct
+        from executorch.backends.apple.coreml.compiler import CoreMLBackend as EtCoreML
+
+        specs = EtCoreML.generate_compile_specs(minimum_deployment_target=ct.target[target])
+        stock_options = {"compile_specs": specs}
+    failure = stock_error(model, inputs, **stock_options)
+    assert (stock in failure) if stock else failure == ""  # "": stock builds (wrong values when refused)
+
+    artifact = compile_coreml(model, inputs, **({"minimum_deployment_target": target} if target else {}))
+    assert artifact.pte  # to_executorch succeeded
+    assert "aten.mul.Tensor" in delegated_ops(artifact)
+    reasons = {n: r for n, r in cpu_reasons(artifact).items() if "index_put" in n}
+    if why:
+        (reason,) = reasons.values()
+        assert why in reason
+        assert ("(stock: " in reason) if stock else "coremltools converts it wrongly" in reason
+    else:
+        assert not reasons
+        assert "aten.index_put.default" in delegated_ops(artifact)
+
+
 class Stack5d(nn.Module):
     def forward(self, x):
         return torch.stack([x, x + 1], dim=1) * 2

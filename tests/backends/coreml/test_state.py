@@ -1,10 +1,13 @@
 """State (mutable buffers) between Core ML and the CPU."""
 
+import coremltools as ct
 import pytest
 import torch
 import torch.nn as nn
 
 import compiler
+
+from executorch.backends.apple.coreml.compiler import CoreMLBackend as EtCoreML
 
 from compiler.backends.coreml import CoreMLStateSplit
 from compiler.ir.errors import CompileError
@@ -97,7 +100,13 @@ class UpdatedValueReadOnCpu(nn.Module):
 
 
 def test_updated_state_read_on_cpu_is_a_split():
-    # Without this check the lowering failed with "Cannot lower a model with no outputs in CoreML".
+    # Without this check the lowering failed with "Cannot lower a model with no outputs in CoreML",
+    # as stock does.
+    assert "Cannot lower a model with no outputs in CoreML" in stock_error(
+        UpdatedValueReadOnCpu(), (torch.randn(1, 4),),
+        skip_ops_for_coreml_delegation=["aten.cumsum.default"],
+        compile_specs=EtCoreML.generate_compile_specs(minimum_deployment_target=ct.target.iOS18),
+    )
     with pytest.raises(CoreMLStateSplit) as err:
         compile_coreml(
             UpdatedValueReadOnCpu(), (torch.randn(1, 4),),

@@ -4,7 +4,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, models, stock_error
+from compiler.backends.coreml.payload import read_models
+from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, models, stock_error, stock_pte
 
 
 class Frame(nn.Module):
@@ -95,6 +96,11 @@ class Int8Out(nn.Module):
 
 
 def test_int8_result_used_outside_core_ml_stays_on_cpu():
+    # Stock builds, but its Core ML model gives the int8 result as int32.
+    (stock,) = read_models(stock_pte(Int8Out(), (torch.randn(4),)))
+    given = {name: dtype for op in stock.ops for name, dtype in op.outputs.items() if name in stock.outputs}
+    assert given[stock.outputs[0]] == "int32"
+
     artifact = compile_coreml(Int8Out(), (torch.randn(4),))
     reasons = cpu_reasons(artifact)
     assert list(cpu_ops(artifact).values()) == ["dim_order_ops._to_dim_order_copy.default"]
