@@ -100,9 +100,14 @@ class PlannedProgram(AtenProgram):
 
 @attrs.frozen
 class EdgeProgram(_ExportedArtifact):
-    """A program in the Edge dialect; `preserved_ops` were kept whole for the backend."""
+    """A program in the Edge dialect; `preserved_ops` were kept whole for the backend.
+
+    `partitioned` is the dry run's partition search on this very program, which the
+    partition stage then reuses (not saved in stage files).
+    """
 
     preserved_ops: tuple[str, ...] = ()
+    partitioned: "PartitionedProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
     dialect: ClassVar[str] = EDGE
     invariants: ClassVar[tuple] = (

@@ -26,10 +26,11 @@ from executorch.exir.program._program import _remove_invalid_ops_for_not_decompo
 from compiler.backends.base import Backend, KeepWhole
 from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
-from compiler.ir.graph import DELEGATION_TAG, call_nodes, copy_program
+from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.decompose import to_edge_program
+from compiler.stages.partition import partition
 
 
 def requested_nodes(program: ExportedProgram, backend: Backend) -> list[torch.fx.Node]:
@@ -57,8 +58,10 @@ def _aten_origin(node: torch.fx.Node) -> str:
 @attrs.frozen
 class DryRunResult:
     dropped: dict[str, str]  # ATen node name -> why it is decomposed after all
-    decomposed: EdgeProgram  # the dry run's Edge program, as the decompose stage would make it
-    decompose_seconds: float  # the part of the dry run the decompose stage can reuse
+    # The dry run's Edge program, as the decompose stage would make it, carrying the
+    # partition search on it for the partition stage.
+    decomposed: EdgeProgram
+    reusable_seconds: float  # the part of the dry run the later stages reuse
 
 
 def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> DryRunResult:
@@ -66,21 +69,21 @@ def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node
     names = {n.name for n in kept}
     start = time.perf_counter()
     edge = to_edge_program(program, names)
-    decompose_seconds = time.perf_counter() - start
-    # The backend may rewrite what it partitions (Core ML reshapes rank-6 chains): give it a
-    # copy, so the Edge program handed on to the decompose stage stays a pure decomposition.
-    searched = copy_program(edge.program)
-    partition = backend.partition(searched)
+    # The search runs on a copy (the backend may rewrite what it partitions, as Core ML
+    # does with rank-6 chains), so the Edge program stays a pure decomposition.
+    searched = partition(edge, backend)
+    placement = {p.node: p for p in searched.plan.nodes}
     dropped = {}
-    for node in call_nodes(searched):
+    for node in call_nodes(searched.program):
         origin = _aten_origin(node)
-        if origin not in names or node.meta.get(DELEGATION_TAG):
+        where = placement.get(node.name)
+        if origin not in names or where is None or not where.on_cpu:
             continue
         kernel = missing_kernel(node.target)
         if kernel:
-            why = partition.cpu_reasons.get(node.name) or backend.default_cpu_reason(node)
-            dropped[origin] = f"would run on the CPU ({why}) where the runtime has no {kernel}"
-    return DryRunResult(dropped, edge, decompose_seconds)
+            dropped[origin] = f"would run on the CPU ({where.reason}) where the runtime has no {kernel}"
+    reusable_seconds = time.perf_counter() - start
+    return DryRunResult(dropped, attrs.evolve(edge, partitioned=searched), reusable_seconds)
 
 
 class DryRun(Stage):
@@ -111,5 +114,5 @@ class DryRun(Stage):
             by_op = sorted({op_name(n.target) for n in kept if n.name in result.dropped})
             ctx.metrics["decomposed"] = ", ".join(by_op)
             return PlannedProgram(program, plan)  # planned otherwise than the dry run decomposed
-        ctx.metrics["reusable_s"] = round(result.decompose_seconds, 3)
+        ctx.metrics["reusable_s"] = round(result.reusable_seconds, 3)
         return PlannedProgram(program, plan, result.decomposed)

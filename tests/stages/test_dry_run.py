@@ -121,5 +121,7 @@ def test_decompose_reuses_the_dry_run_program_when_nothing_is_dropped():
     assert "uint8" in dry_run.metrics["because"] and dry_run.metrics["kept"] == 1
     assert artifact.report.stage("decompose").metrics["reused"] == "dry run"
     assert artifact.stages["decompose"] is artifact.stages["dry_run"].decomposed
+    assert artifact.report.stage("partition").metrics["reused"] == "dry run"
+    assert artifact.stages["partition"] is artifact.stages["decompose"].partitioned
     edge = artifact.stages["decompose"].program
     assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)  # the search ran on a copy
