@@ -162,6 +162,7 @@ class LoweredProgram(_ExportedArtifact):
     """An Edge program whose delegated parts are backend payloads behind delegate calls."""
 
     plan: PlacementPlan
+    preserved_ops: tuple[str, ...] = ()
 
     dialect: ClassVar[str] = EDGE
     invariants: ClassVar[tuple] = (

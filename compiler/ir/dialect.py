@@ -48,3 +48,12 @@ def op_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
     return getattr(target, "__name__", str(target))
+
+
+def op_from_name(name: str) -> torch._ops.OpOverload:
+    """The OpOverload for a name like "aten.linear.default" (or "aten::linear", "aten.linear")."""
+    parts = name.replace("::", ".").split(".")
+    if len(parts) == 2:
+        parts.append("default")
+    namespace, op, overload = parts[:3]
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)

@@ -10,13 +10,16 @@ drops, so they are re-applied from the plan on load.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import zipfile
 from typing import Any
 
 import attrs
 
+from executorch.exir import EdgeCompileConfig
 from executorch.exir.serde.serialize import load as load_program
+from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from executorch.exir.serde.serialize import save as save_program
 
 from compiler.ir.artifacts import (
@@ -28,6 +31,7 @@ from compiler.ir.artifacts import (
     PlannedProgram,
     SplitProgram,
 )
+from compiler.ir.dialect import op_from_name
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
@@ -68,6 +72,9 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend:
         manifest["keep_whole"] = artifact.keep_whole.to_json()
     if hasattr(artifact, "refused_input_dtypes"):
         manifest["refused_input_dtypes"] = sorted(artifact.refused_input_dtypes)
+    manifest["placeholders"] = [n.name for n in artifact.program.graph.nodes if n.op == "placeholder"]
+    signature = artifact.program.module_call_graph[0].signature
+    manifest["forward_arg_names"] = getattr(signature, "forward_arg_names", None)
     manifest["positional_args"] = {
         n.name: len(n.args) for n in artifact.program.graph.nodes if n.op == "call_function"
     }
@@ -97,21 +104,21 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
 
     if manifest.get("format") != FORMAT_VERSION or manifest.get("artifact") not in RESUMABLE_TYPES:
         raise ResumeError(f"resume file {path!r} has an unknown format {manifest.get('format')!r}", hint=hint)
+    _restore_placeholder_names(program, manifest.get("placeholders", []), manifest.get("forward_arg_names"))
     _restore_positional_args(program, manifest.get("positional_args", {}))
+    _drop_unused_tuple_accesses(program)
     artifact_type = RESUMABLE_TYPES[manifest["artifact"]]
     fields: dict[str, Any] = {"program": program}
     if "preserved_ops" in manifest and "preserved_ops" in attrs.fields_dict(artifact_type):
         fields["preserved_ops"] = tuple(manifest["preserved_ops"])
+        _restore_edge_verifier(program, fields["preserved_ops"])
     if "keep_whole" in manifest:
         fields["keep_whole"] = KeepWholePlan.from_json(manifest["keep_whole"])
     if "refused_input_dtypes" in manifest:
         fields["refused_input_dtypes"] = frozenset(manifest["refused_input_dtypes"])
     if "plan" in manifest:
         plan = PlacementPlan.from_json(manifest["plan"])
-        tags = plan.tags()
-        for node in program.graph.nodes:
-            if node.name in tags:
-                node.meta[DELEGATION_TAG] = tags[node.name]
+        _restore_tags(program, plan.tags())
         fields["plan"] = plan
     return StageFile(artifact_type(**fields), manifest["stage"], manifest["backend"])
 
@@ -130,3 +137,54 @@ def _restore_positional_args(program, positional: dict[str, int]) -> None:
         for argument in node.target._schema.arguments[len(args) : want]:
             args.append(kwargs.pop(argument.name, argument.default_value))
         node.args, node.kwargs = tuple(args), kwargs
+
+
+def _restore_edge_verifier(program, preserved_ops: tuple[str, ...]) -> None:
+    """A loaded Edge program gets the default Edge verifier, which refuses the ops kept whole
+    for the backend (e.g. aten.linear); give it back the one that allows them."""
+    ops = [op_from_name(name) for name in preserved_ops]
+    program._verifiers = [
+        EXIREdgeDialectVerifier(edge_compile_config=EdgeCompileConfig(), class_only=True, preserve_ops=ops)
+    ]
+
+
+def _restore_tags(program, tags: dict[str, str]) -> None:
+    """Put the delegation tags back by node name. The deserializer re-creates the tuple
+    accesses (getitem) of multi-output ops under new names, so those take their source's tag."""
+    for node in program.graph.nodes:
+        if node.name in tags:
+            node.meta[DELEGATION_TAG] = tags[node.name]
+        elif node.target is operator.getitem and node.args[0].meta.get(DELEGATION_TAG):
+            node.meta[DELEGATION_TAG] = node.args[0].meta[DELEGATION_TAG]
+
+
+def _drop_unused_tuple_accesses(program) -> None:
+    """The deserializer adds a getitem for every output of a multi-output op, used or not
+    (`..._unused_1`); the saved program had none, and backends count them as outputs."""
+    for node in list(program.graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem and not node.users:
+            program.graph.erase_node(node)
+    program.graph_module.recompile()
+
+
+def _restore_placeholder_names(program, names: list[str], forward_arg_names: list[str] | None) -> None:
+    """The deserializer renames user inputs (`x` -> `arg_0`) and forgets the forward
+    argument names later retraces name them by; some backends hash the graph into their
+    payload, so a resumed run must see the saved names."""
+    signature = program.module_call_graph[0].signature
+    if forward_arg_names and signature is not None:
+        signature.forward_arg_names = list(forward_arg_names)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(names):
+        return
+    taken = {n.name for n in program.graph.nodes}
+    for node, name in zip(placeholders, names):
+        if node.name == name or name in taken:
+            continue
+        old = node.name
+        node.name = node.target = name
+        taken.add(name)
+        for spec in program.graph_signature.input_specs:
+            if getattr(spec.arg, "name", None) == old:
+                spec.arg.name = name
+    program.graph_module.recompile()

@@ -31,7 +31,7 @@ from executorch.exir.operator.util import _QUANT_PRIMITIVES
 from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 
 from compiler.ir.artifacts import AtenProgram
-from compiler.ir.dialect import ATEN, EDGE
+from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, mutated_buffer_targets
 from compiler.stages.base import Stage, StageContext
@@ -361,11 +361,9 @@ def resolve_op(op: Any) -> Any:
     """An OpOverload from itself or a name like "aten.t.default" (namespace.op.overload)."""
     if not isinstance(op, str):
         return op
-    parts = op.replace("::", ".").split(".")
-    namespace, name, overload = (parts + ["default"])[:3] if len(parts) == 2 else parts[:3]
     try:
-        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    except (AttributeError, RuntimeError) as exc:
+        return op_from_name(op)
+    except (AttributeError, RuntimeError, ValueError) as exc:
         raise UserInputError(
             f"fold_skip_ops names no operator: {op!r}",
             stage="fold",

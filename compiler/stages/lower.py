@@ -42,10 +42,10 @@ class Lower(Stage):
 
     def run(self, partitioned: SplitProgram, ctx: StageContext) -> LoweredProgram:
         if not partitioned.plan.partitions:
-            return LoweredProgram(partitioned.program, partitioned.plan)
+            return LoweredProgram(partitioned.program, partitioned.plan, partitioned.preserved_ops)
         spec = MethodProgramsPartitionerSpec(
             {METHOD: partitioned.program}, {METHOD: ReplayPartitioner(partitioned.plan)}
         )
         with ctx.backend.lowering():
             lowered = to_backend(spec)[METHOD]
-        return LoweredProgram(lowered, partitioned.plan)
+        return LoweredProgram(lowered, partitioned.plan, partitioned.preserved_ops)
