@@ -40,9 +40,16 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
     Stages that annotate or rewrite a graph work on such a copy so the artifact
     they were given stays valid, without paying for a copy of the weights.
     """
-    shared = {}
-    for value in list(ep.state_dict.values()) + list(ep.constants.values()):
-        shared[id(value)] = value
+    programs = [ep] + [
+        module.original_module
+        for module in ep.graph_module.modules()
+        if isinstance(getattr(module, "original_module", None), ExportedProgram)  # lowered delegates
+    ]
+    shared = {
+        id(value): value
+        for program in programs
+        for value in list(program.state_dict.values()) + list(program.constants.values())
+    }
     return copy.deepcopy(ep, memo=shared)
 
 
