@@ -74,3 +74,9 @@ def test_console_entry_point_runs_as_module():
     )
     assert done.returncode == 2
     assert "error:" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_check_on_a_program_this_machine_cannot_run_says_so(capsys):
+    assert main(["compile", "mlp", "--backend", "coreml", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "CoreMLBackend" in err and "cannot run" in err and "Traceback" not in err

@@ -182,3 +182,10 @@ def test_emit_leaves_the_lowered_artifact_as_lower_returned_it(small_model):
     lowered = artifact.report.stage("lower")
     assert artifact.report.stage("emit").nodes_in == lowered.nodes_out
     assert "alloc" not in artifact.stages["lower"].graph_text()
+
+
+def test_running_a_core_ml_program_here_is_a_named_error(small_model):
+    model, inputs = small_model
+    artifact = compiler.compile(model, inputs, "coreml")
+    with pytest.raises(compiler.UnsupportedByRuntime, match="CoreMLBackend"):
+        compiler.run(artifact, inputs)
