@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+from torch.export import ExportedProgram
+
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
 from executorch.exir._serialize._program import deserialize_pte_binary
 
@@ -15,6 +18,26 @@ def _operator_name(op) -> str:
     return f"{op.name}.{op.overload}" if op.overload else op.name
 
 
+def keep_initial_state(program: ExportedProgram) -> list[str]:
+    """Mark CPU-owned mutable buffers whose initial value is not zero to be emitted with it.
+
+    ExecuTorch serializes only the shape and dtype of a buffer the program mutates (the
+    runtime hands out zeroed memory) unless its placeholder says `et_init_buffer`; a
+    state that starts at anything but zero is then silently wrong on the device.
+    """
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    marked = []
+    for spec in program.graph_signature.input_specs:
+        if spec.target not in mutated or spec.arg.name not in placeholders:
+            continue
+        value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+        if isinstance(value, torch.Tensor) and bool(value.any()):
+            placeholders[spec.arg.name].meta["et_init_buffer"] = True
+            marked.append(spec.target)
+    return marked
+
+
 class Emit(Stage):
     name = "emit"
     takes = LoweredProgram
@@ -24,9 +47,12 @@ class Emit(Stage):
         # to_executorch rewrites the graph in place (memory planning, out variants):
         # give it a copy so the lowered artifact stays what the lower stage returned.
         # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
+        program = copy_program(lowered.program)
+        initialized = keep_initial_state(program)
+        if initialized:
+            ctx.metrics["initialized_state"] = len(initialized)
         manager = EdgeProgramManager(
-            {METHOD: copy_program(lowered.program)},
-            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+            {METHOD: program}, compile_config=EdgeCompileConfig(_check_ir_validity=False)
         )
         pte = manager.to_executorch(ExecutorchBackendConfig()).buffer
         plan = deserialize_pte_binary(pte).program.execution_plan[0]

@@ -26,6 +26,21 @@ def _one_line(reason: str) -> str:
     return reason.strip().splitlines()[0] if reason.strip() else reason
 
 
+def _keep_initialized_state_on_cpu(program: ExportedProgram) -> None:
+    """The MLX runtime starts the state it owns at zeros (the payload holds no initial
+    value), so a mutable buffer that starts otherwise stays CPU-owned: MLX reads it as
+    an input and returns its new value, and the program carries its initial value."""
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for spec in program.graph_signature.input_specs:
+        node = placeholders.get(spec.arg.name)
+        if spec.target not in mutated or node is None or "delegation_tag" not in node.meta:
+            continue
+        value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+        if isinstance(value, torch.Tensor) and bool(value.any()):
+            del node.meta["delegation_tag"]
+
+
 class MLXBackend(Backend):
     """Options are those of ExecuTorch's `MLXPartitioner` (compile_specs)."""
 
@@ -69,6 +84,7 @@ class MLXBackend(Backend):
         if partitions:
             tag_constant_data(program)
             tag_mutated_buffer(program)
+            _keep_initialized_state_on_cpu(program)
 
         reasons = dict(guarded.refused)
         for node, why in stock._unsupported_reason.items():

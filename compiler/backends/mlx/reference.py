@@ -283,7 +283,7 @@ class ReferenceExecutor:
         if info is not None and info.location == schema.TensorDataLocation.EXTERNAL:
             data = self.named_data.get(info.fully_qualified_name)
         elif spec.data_buffer_idx > 0:
-            if spec.allocation_info is not None and info is not None and self.mutable_data:
+            if spec.allocation_info is not None and self.mutable_data:
                 data = self.mutable_data[spec.data_buffer_idx].storage  # a mutable buffer's first value
             else:
                 data = self.program.constant_buffer[spec.data_buffer_idx].storage

@@ -206,3 +206,22 @@ def test_constant_shared_by_mlx_and_a_cpu_op_is_split_and_matches_eager():
     copy = next(n for n in split.graph.nodes if n.name == "b_table_copy_0")
     assert {u.meta.get("delegation_tag") for u in table.users} == {None}
     assert {u.meta.get("delegation_tag") for u in copy.users} == {copy.meta["delegation_tag"]}
+
+
+class RunningTotal(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.full((4, 8), 2.0))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * 1.0
+
+
+def test_state_that_does_not_start_at_zero_stays_cpu_owned_and_matches_eager():
+    artifact = _check(RunningTotal().eval(), (torch.randn(4, 8),))
+    assert artifact.program.delegates == ("MLXBackend",)
+    partitioned = artifact.stages["partition"].program
+    buffer = next(n for n in partitioned.graph.nodes if n.name == "b_total")
+    assert "delegation_tag" not in buffer.meta  # MLX would start the state it owns at zeros
+    assert artifact.report.stage("emit").metrics["initialized_state"] == 1
