@@ -68,3 +68,18 @@ def mutated_buffer_targets(ep: ExportedProgram) -> set[str]:
 
 def graph_text(ep: ExportedProgram) -> str:
     return ep.graph_module.print_readable(print_output=False, include_stride=False, include_device=False)
+
+
+def state_not_starting_at_zero(ep: ExportedProgram) -> list[tuple[torch.fx.Node, str]]:
+    """(placeholder, target) of each mutated buffer whose initial value is not all zeros:
+    the state runtimes would silently start at zero unless told otherwise."""
+    mutated = mutated_buffer_targets(ep)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    found = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.target not in mutated or spec.arg.name not in placeholders:
+            continue
+        value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+        if isinstance(value, torch.Tensor) and bool(value.any()):
+            found.append((placeholders[spec.arg.name], spec.target))
+    return found

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import torch
 from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
 from executorch.exir._serialize._program import deserialize_pte_binary
 
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
-from compiler.ir.graph import copy_program
+from compiler.ir.graph import copy_program, state_not_starting_at_zero
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
@@ -25,17 +24,10 @@ def keep_initial_state(program: ExportedProgram) -> list[str]:
     runtime hands out zeroed memory) unless its placeholder says `et_init_buffer`; a
     state that starts at anything but zero is then silently wrong on the device.
     """
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    marked = []
-    for spec in program.graph_signature.input_specs:
-        if spec.target not in mutated or spec.arg.name not in placeholders:
-            continue
-        value = program.state_dict.get(spec.target, program.constants.get(spec.target))
-        if isinstance(value, torch.Tensor) and bool(value.any()):
-            placeholders[spec.arg.name].meta["et_init_buffer"] = True
-            marked.append(spec.target)
-    return marked
+    marked = state_not_starting_at_zero(program)
+    for placeholder, _ in marked:
+        placeholder.meta["et_init_buffer"] = True
+    return [target for _, target in marked]
 
 
 class Emit(Stage):

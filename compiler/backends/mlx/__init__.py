@@ -16,6 +16,7 @@ from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.mlx import support
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir.dialect import op_name
+from compiler.ir.graph import state_not_starting_at_zero
 
 # The delegate id ExecuTorch records in the program for MLX payloads.
 DELEGATE_ID = "MLXBackend"
@@ -30,15 +31,8 @@ def _keep_initialized_state_on_cpu(program: ExportedProgram) -> None:
     """The MLX runtime starts the state it owns at zeros (the payload holds no initial
     value), so a mutable buffer that starts otherwise stays CPU-owned: MLX reads it as
     an input and returns its new value, and the program carries its initial value."""
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
-    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    for spec in program.graph_signature.input_specs:
-        node = placeholders.get(spec.arg.name)
-        if spec.target not in mutated or node is None or "delegation_tag" not in node.meta:
-            continue
-        value = program.state_dict.get(spec.target, program.constants.get(spec.target))
-        if isinstance(value, torch.Tensor) and bool(value.any()):
-            del node.meta["delegation_tag"]
+    for placeholder, _ in state_not_starting_at_zero(program):
+        placeholder.meta.pop("delegation_tag", None)
 
 
 class MLXBackend(Backend):
