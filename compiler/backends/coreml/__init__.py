@@ -31,7 +31,7 @@ from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.coreml import conversion, rank, rules, search
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
-from compiler.ir.graph import DELEGATION_TAG, op_nodes
+from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
 STAGE = "partition"
@@ -184,9 +184,12 @@ class CoreMLBackend(Backend):
         )
 
     def _tag_state(self, program: ExportedProgram) -> None:
-        """Core ML takes a mutable buffer over as state only if every op using it is in one partition."""
+        """Core ML takes a mutable buffer over as state only if every op using it is in one
+        partition, and only if it starts at zero: the payload carries no initial value for
+        state (like MLX's), while a CPU-owned buffer is emitted with it."""
         signature = program.graph_signature
-        mutated = set(signature.buffers_to_mutate.values())
+        starts_elsewhere = {target for _, target in state_not_starting_at_zero(program)}
+        mutated = set(signature.buffers_to_mutate.values()) - starts_elsewhere
         writers = {target: name for name, target in signature.buffers_to_mutate.items()}
         nodes = {n.name: n for n in program.graph.nodes}
         for spec in signature.input_specs:

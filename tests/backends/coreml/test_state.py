@@ -114,3 +114,27 @@ def test_updated_state_read_on_cpu_is_a_split():
             minimum_deployment_target="iOS18",
         )
     assert "aten.cumsum.default) on cpu" in str(err.value)
+
+
+class RunningTotal(nn.Module):
+    def __init__(self, start: float):
+        super().__init__()
+        self.register_buffer("total", torch.full((1, 4), start))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total.sin()
+
+
+def _buffer_tag(artifact):
+    placeholder = next(n for n in artifact.stages["partition"].program.graph.nodes if n.name == "b_total")
+    return placeholder.meta.get("delegation_tag")
+
+
+def test_state_that_does_not_start_at_zero_stays_cpu_owned():
+    # Core ML state carries no initial value; a CPU-owned buffer is emitted with it.
+    artifact = compile_coreml(RunningTotal(2.0), (torch.randn(1, 4),), minimum_deployment_target="iOS18")
+    assert _buffer_tag(artifact) is None and not cpu_ops(artifact)
+    assert artifact.report.stage("emit").metrics["initialized_state"] == 1
+    zero_start = compile_coreml(RunningTotal(0.0), (torch.randn(1, 4),), minimum_deployment_target="iOS18")
+    assert _buffer_tag(zero_start) is not None  # becomes Core ML state
