@@ -1,5 +1,8 @@
 """ATen program -> Edge program, with ExecuTorch's own passes, skipping those that cannot apply.
 
+It also finishes what those passes leave half done: ATen ops inserted after the
+ATen-to-Edge replacement become Edge ops.
+
 ExecuTorch's ATen-to-Edge conversion runs about a dozen passes, most of them
 `ExportPass`es that retrace the whole graph with fake tensors even when they
 change nothing: on a 48-block transformer each retrace costs about half a
@@ -22,6 +25,7 @@ from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass
 from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
 from executorch.exir.passes.remove_graph_asserts_pass import RemoveNonCoreAtenOpGraphAssertsPass
 from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
+from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
     ReplaceBrokenOpsWithFunctionalOpsPass,
 )
@@ -36,6 +40,8 @@ from executorch.exir.program._program import (
 from executorch.exir.passes.convert_constant_dim_order_pass import convert_constant_dim_order_pass
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
+
+from compiler.ir.dialect import ATEN, op_dialect
 
 logger = logging.getLogger(__name__)
 
@@ -165,5 +171,20 @@ def generate_edge_program(
             _eliminate_dead_code(edge.graph_module)
             continue
         edge = _transform(edge, graph_pass)
+    _finish_edge_ops(edge)
     logger.debug("Edge conversion skipped passes that could not apply: %s", skipped)
     return edge, skipped
+
+
+def _finish_edge_ops(program: ExportedProgram) -> None:
+    """Turn ATen ops that ExecuTorch's passes left behind into Edge ops.
+
+    Stock 1.5.1's Edge passes insert `aten.scalar_tensor` (e.g. for the `masked_fill`
+    inside `nn.MultiheadAttention` with a bool mask) after the ATen-to-Edge replacement
+    has run, leaving an ATen op in the Edge program.
+    """
+    leftovers = [n for n in program.graph.nodes if n.op == "call_function" and op_dialect(n.target) == ATEN]
+    for node in leftovers:
+        node.target = aten_to_edge(node.target)
+    if leftovers:
+        program.graph_module.recompile()
