@@ -65,10 +65,11 @@ class Pipeline:
 
         records: list[StageRecord] = []
         artifacts: dict[str, Any] = {}
+        after = artifact_stats(artifact)
         for stage in self.stages[start : stop + 1]:
             ctx = StageContext(backend, options)
             output = self._run_stage(stage, artifact, ctx, instruments)
-            before, after = artifact_stats(artifact), artifact_stats(output)
+            before, after = after, artifact_stats(output)
             records.append(
                 StageRecord(
                     stage=stage.name,

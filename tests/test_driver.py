@@ -189,3 +189,27 @@ def test_running_a_core_ml_program_here_is_a_named_error(small_model):
     artifact = compiler.compile(model, inputs, "coreml")
     with pytest.raises(compiler.UnsupportedByRuntime, match="CoreMLBackend"):
         compiler.run(artifact, inputs)
+
+
+def test_a_program_passed_through_unchanged_is_not_verified_again(small_model, monkeypatch):
+    from compiler.ir import invariants as inv
+
+    checked = []
+    original = inv.Invariant.verify
+    monkeypatch.setattr(inv.Invariant, "verify", lambda self, a, s=None: (checked.append((s, self.name)), original(self, a, s)))
+    model, inputs = small_model
+    compiler.compile(model, inputs, "xnnpack")
+    assert ("capture", "program_validates") in checked
+    assert not [c for c in checked if c[0] in ("fold", "dry_run")]  # same program as capture's
+
+
+def test_a_resumed_program_is_verified_in_full(small_model, tmp_path, monkeypatch):
+    from compiler.ir import invariants as inv
+
+    model, inputs = small_model
+    compiler.compile(model, inputs, "xnnpack", stop_after="fold", dump_dir=tmp_path)
+    checked = []
+    original = inv.Invariant.verify
+    monkeypatch.setattr(inv.Invariant, "verify", lambda self, a, s=None: (checked.append((s, self.name)), original(self, a, s)))
+    compiler.compile(None, None, "xnnpack", resume_from=str(tmp_path / "02-fold.stage"))
+    assert ("dry_run", "program_validates") in checked  # the loaded program was never checked in this run
