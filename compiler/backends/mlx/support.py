@@ -6,6 +6,7 @@ stays on the CPU with that reason in the placement report.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -93,8 +94,52 @@ def same_rank_single_index(node: torch.fx.Node) -> Optional[str]:
     return None
 
 
+@functools.cache
+def _mlx_holds(dtype: torch.dtype) -> bool:
+    """Whether an MLX payload can hold a tensor of `dtype` (stock's own dtype table)."""
+    from executorch.backends.mlx.builder.op_helpers import torch_dtype_to_scalar_type
+
+    try:
+        torch_dtype_to_scalar_type(dtype)
+    except ValueError:
+        return False
+    return True
+
+
+def _tensors_touched(node: torch.fx.Node) -> Iterator[tuple[str, torch.dtype]]:
+    """(what, dtype) of every tensor `node` reads, inside lists too, and of what it returns."""
+    read: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), read.append)
+    for source in read:
+        for value in _values(source):
+            yield f"reads {source.name}", value.dtype
+    for value in _values(node):
+        yield "returns a tensor", value.dtype
+
+
+def _values(node: torch.fx.Node) -> list[torch.Tensor]:
+    value = node.meta.get("val")
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def dtype_mlx_cannot_hold(node: torch.fx.Node) -> Optional[str]:
+    """The MLX payload has no float64 (nor int16, complex, ...) tensors. Stock 1.5.1 checks
+    only the tensors a node takes as direct arguments, not those inside a list, so it tags
+    `cat([x.sin(), x.cos()])` over float64 and its lowering then fails with "placeholder
+    has unsupported dtype"."""
+    for what, dtype in _tensors_touched(node):
+        if not _mlx_holds(dtype):
+            return f"{what} of {str(dtype).removeprefix('torch.')}, a dtype the MLX payload cannot hold"
+    return None
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
-RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (boolean_index, same_rank_single_index)
+RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
+    boolean_index,
+    same_rank_single_index,
+    dtype_mlx_cannot_hold,
+)
 
 
 def refusal(node: torch.fx.Node) -> Optional[str]:

@@ -225,3 +225,18 @@ def test_state_that_does_not_start_at_zero_stays_cpu_owned_and_matches_eager():
     buffer = next(n for n in partitioned.graph.nodes if n.name == "b_total")
     assert "delegation_tag" not in buffer.meta  # MLX would start the state it owns at zeros
     assert artifact.report.stage("emit").metrics["initialized_state"] == 1
+
+
+class DoubleSinusoid(torch.nn.Module):
+    """A float64 sinusoidal embedding cast back to float32 (pi0's time embedding does this)."""
+
+    def forward(self, x):
+        t = x.double() * 2.0
+        return torch.cat([t.sin(), t.cos()], -1).float() + 1.0
+
+
+def test_float64_inside_a_tensor_list_stays_on_cpu_with_reason():
+    artifact = _check(DoubleSinusoid().eval(), (torch.randn(1, 4),))
+    (row,) = _placement(artifact, "aten.cat.default")
+    assert row.where == "cpu" and "float64" in row.reason and "cannot hold" in row.reason
+    assert _placement(artifact, "aten.add.Tensor")[0].where == "MLXBackend"
