@@ -3,18 +3,56 @@
 Asked of the runtime itself (its operator registry), never guessed from
 whether an op has an out variant: `aten::matmul.out` exists as a schema, but
 the pip runtime registers no kernel for it and a program using it fails at load.
+
+The kernel an op needs is named the way `to_executorch` names it: an Edge op
+becomes its out variant as `EdgeOpOverload.to_out_variant` finds it (the op's
+own signature matched against its packet's overloads), symbolic-int helpers
+become ExecuTorch's prim ops, asserts are removed, and the emitter writes
+`namespace::name.overload` (no overload for `default`).
+
+`executorch.exir.operator.convert.to_out_variant` is not used: it groups every
+schema of an op name, TorchScript's scalar overloads included, and for `pow`
+(`pow.int(int, int) -> float` next to `pow.int_to_int(int, int) -> int`) it
+fails an assertion, which is how `pow.Tensor_Scalar` once got a guessed kernel.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import operator
 from typing import Any
 
 import torch
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
-from executorch.exir.operator.convert import to_out_variant
+from torchgen.model import SchemaKind
 
-from compiler.ir.dialect import op_dialect
+from executorch.exir.delegate import executorch_call_delegate
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from executorch.exir.dialects.edge.op.api import to_variant
+from executorch.exir.operator.convert import _pybind_schema_to_native_schema
+from executorch.exir.passes.executorch_prim_ops_registry import (
+    _EXECUTORCH_SYM_OPS,
+    _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS,
+)
+
+logger = logging.getLogger(__name__)
+
+# Removed by `to_executorch` (RemoveGraphAssertsPass) before anything is emitted.
+_REMOVED_BEFORE_EMIT = frozenset(
+    [
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten._assert_scalar.default,
+        torch.ops.aten._assert_tensor_metadata.default,
+        torch.ops.aten.sym_constrain_range.default,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+    ]
+)
+
+# Symbolic-int helpers, called as they are (held as Backend ops; their torch ops too).
+_SYM_OPS = frozenset(op._op if isinstance(op, EdgeOpOverload) else op for op in _EXECUTORCH_SYM_OPS)
+
+# Emitted specially (tuple access, delegate calls), never as a kernel call.
+_NOT_KERNEL_CALLS = frozenset([operator.getitem, executorch_call_delegate])
 
 
 @functools.lru_cache(maxsize=1)
@@ -25,27 +63,72 @@ def registered_kernels() -> frozenset[str]:
     return frozenset(_get_operator_names())
 
 
-def kernel_name(target: Any) -> str | None:
-    """The runtime kernel a CPU call to `target` will need, or None if none is needed."""
-    op = target._op if isinstance(target, EdgeOpOverload) else target
-    if op_dialect(target) is None or not isinstance(op, torch._ops.OpOverload):
-        return None  # tuple access, symbolic ints, higher-order ops: emitted specially
-    schema = op._schema
-    if any(arg.is_out for arg in schema.arguments) or not schema.returns:
-        return f"{schema.name}.{schema.overload_name}"
+def runtime_name(op: Any) -> str:
+    """The name the emitter writes into the `.pte` for a call to `op` (and the runtime registers)."""
+    op = op._op if isinstance(op, EdgeOpOverload) else op
+    overload = op._overloadname
+    qualified = op._overloadpacket._qualified_op_name
+    return qualified if overload == "default" else f"{qualified}.{overload}"
+
+
+class _QuietSchemaWarnings(logging.Filter):
+    """`to_variant` warns on the root logger for each TorchScript-only overload it cannot
+    parse (`aten::pow.complex`...): those are never called, so the warnings are noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "cannot be converted to torch.FunctionSchema" not in str(record.msg)
+
+
+@functools.lru_cache(maxsize=None)
+def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The overload a CPU call to `op` becomes in the `.pte`, or None if it has none.
+
+    As `to_executorch` does it: out variants and in-place ops are called as they are,
+    any other op through the out variant `EdgeOpOverload.to_out_variant` finds.
+    """
+    schema = _pybind_schema_to_native_schema(op._schema)
+    if schema is None:
+        return None  # TorchScript-only schemas (complex scalars, lists): no ExecuTorch kernel
+    if schema.kind() in (SchemaKind.out, SchemaKind.inplace):
+        return op
+    quiet = _QuietSchemaWarnings()
+    logging.getLogger().addFilter(quiet)
     try:
-        out_op, _ = to_out_variant(op)
-    except Exception:  # no out variant at all: the emitter cannot call it either
-        return f"{schema.name}.out"
-    return f"{out_op._schema.name}.{out_op._schema.overload_name}"
+        return to_variant(op, SchemaKind.out)
+    except RuntimeError as exc:
+        logger.debug("no out variant for %s: %s", op, exc)
+        return None
+    finally:
+        logging.getLogger().removeFilter(quiet)
+
+
+def kernel_name(target: Any) -> str | None:
+    """The runtime kernel a CPU call to `target` needs, or None if it needs none.
+
+    Raises `LookupError` for an op that has no out variant: the emitter cannot call it.
+    """
+    if target in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS:
+        return runtime_name(_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[target])
+    if target in _REMOVED_BEFORE_EMIT or target in _NOT_KERNEL_CALLS:
+        return None
+    op = target._op if isinstance(target, EdgeOpOverload) else target
+    if not isinstance(op, torch._ops.OpOverload):
+        return None  # higher-order ops (control flow) and plain Python callables
+    if op in _SYM_OPS:
+        return runtime_name(op)
+    called = out_variant(op)
+    if called is None:
+        raise LookupError(f"{runtime_name(op)} has no out variant")
+    return runtime_name(called)
 
 
 def missing_kernel(target: Any) -> str | None:
-    """The kernel name `target` needs on the CPU if the runtime lacks it."""
-    name = kernel_name(target)
+    """What `target` needs on the CPU that the runtime lacks: a kernel name, or its
+    missing out variant; None when the runtime can run it."""
+    try:
+        name = kernel_name(target)
+    except LookupError:
+        return f"an out variant of {runtime_name(target)} (it has none)"
     if name is None or name in registered_kernels():
-        return None
-    # Ops without an out form (e.g. `aten::_local_scalar_dense`) register bare.
-    if name.split(".")[0] in registered_kernels():
         return None
     return name
