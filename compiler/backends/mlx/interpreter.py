@@ -7,9 +7,17 @@ value slots (Vid), instruction chains, the slots that are the payload's
 inputs and outputs, and named slots whose data is in the program's named
 data (the constants). The node tables are read with the FlatBuffer bindings
 generated from that schema, field by field, as `_generated_inspector`
-describes them; each node type then has a small function here that does
-what the MLX runtime does for it. A node type without one fails with
-`UnsupportedMLXNode` naming it.
+describes them; each node type then has a small function that does what the MLX runtime
+(`backends/mlx/runtime/MLXInterpreter.h`) does for it. The functions live in
+the `nodes_*` modules by concern and register themselves in the one registry
+here, `NODE_FUNCTIONS`; the node types the reference executor cannot run on
+this machine are listed, each with its reason, in `UNSUPPORTED_NODES`. Any
+other node type without a function fails with `UnsupportedMLXNode` naming it.
+
+State follows the runtime's `ExecutionState`: constants (which the init chain
+may write) and the delegate's mutable buffers live as long as the
+`Interpreter`; inputs, outputs, temporaries and scalar values are dropped
+before each call.
 """
 
 from __future__ import annotations
@@ -39,6 +47,10 @@ class UnsupportedMLXNode(CompileError):
 
 class BadMLXPayload(CompileError):
     """A delegate payload is not a readable MLX graph."""
+
+
+class MLXNodeFailure(CompileError):
+    """A node fails here where the MLX runtime throws for it too (bad operands, no cache)."""
 
 
 class Tid(NamedTuple):
@@ -271,12 +283,22 @@ class MLXGraph:
 
 
 class Interpreter:
-    """Tensor slots hold `mx.array`s, value slots Python scalars."""
+    """Tensor slots hold `mx.array`s, value slots Python scalars.
 
-    def __init__(self, graph: MLXGraph, named_data: Mapping[str, bytes]) -> None:
+    One per delegate, made once: like the runtime's handle, it keeps its
+    constants and mutable buffers from call to call. `kv_cache` is the
+    off-graph KV cache `UpdateAndAttendNode` reads and writes (the runtime gets
+    it from the runner); an ExecuTorch reference cache
+    (`executorch.extension.llm.cache.reference_cache`) or anything with its
+    `update_and_fetch(layer_id, k, v, position)`.
+    """
+
+    def __init__(self, graph: MLXGraph, named_data: Mapping[str, bytes], kv_cache: Any = None) -> None:
         self.graph = graph
+        self.kv_cache = kv_cache
         self.tensors: dict[int, mx.array] = {}
         self.values: dict[int, int | float | bool] = {}
+        self._persistent = set(range(graph.num_constants)) | {idx for idx, _ in graph.mutable_buffers}
         for name, (idx, slot_type) in graph.named_slots.items():
             if slot_type != TENSOR_SLOT or name not in named_data:
                 continue
@@ -291,6 +313,11 @@ class Interpreter:
             self.tensors[idx] = mx.zeros([max(d, 0) for d in spec.shape], dtype=mx_dtype(spec.scalar_type))
         if graph.init_chain >= 0:
             self.run_chain(graph.init_chain)
+
+    def _reset(self) -> None:
+        """What `ExecutionState::reset` does before a call: keep constants and mutable buffers."""
+        self.tensors = {idx: array for idx, array in self.tensors.items() if idx in self._persistent}
+        self.values = {}
 
     # Operand access for node functions.
     def t(self, ref: Tid | None) -> mx.array | None:
@@ -321,11 +348,19 @@ class Interpreter:
     def run_chain(self, index: int) -> None:
         for node in self.graph.chains[index]:
             function = NODE_FUNCTIONS.get(node.kind)
+            if function is None and node.kind in UNSUPPORTED_NODES:
+                raise UnsupportedMLXNode(
+                    f"the MLX reference executor cannot run payload node type {node.kind}: "
+                    f"{UNSUPPORTED_NODES[node.kind]}. This is a limit of the reference executor, "
+                    "not a fault of the program",
+                    nodes=[node.kind],
+                    hint="run the program on Apple silicon with ExecuTorch's MLX runtime",
+                )
             if function is None:
                 raise UnsupportedMLXNode(
                     f"the MLX reference executor cannot run payload node type {node.kind}",
                     nodes=[node.kind],
-                    hint="add it to NODE_FUNCTIONS in compiler/backends/mlx/interpreter.py, "
+                    hint="add a function for it to a compiler/backends/mlx/nodes_*.py module, "
                     "or run the program on Apple silicon with ExecuTorch's MLX runtime",
                 )
             function(self, node.fields)
@@ -335,6 +370,7 @@ class Interpreter:
             raise BadMLXPayload(
                 f"the MLX payload takes {len(self.graph.inputs)} inputs, the program passed {len(inputs)}"
             )
+        self._reset()
         for (idx, slot_type), value in zip(self.graph.inputs, inputs):
             if slot_type == TENSOR_SLOT:
                 self.tensors[idx] = to_mx(value) if isinstance(value, torch.Tensor) else value
@@ -360,426 +396,34 @@ def _constant(data: bytes, spec: TensorSpec) -> mx.array:
     return to_mx(tensor)
 
 
-# --- what each node does (as the MLX runtime does it) ---------------------------------
+# --- the registry of node functions -----------------------------------------------------
 
 NodeFunction = Callable[[Interpreter, dict], None]
 NODE_FUNCTIONS: dict[str, NodeFunction] = {}
 
+# Node types of the schema the reference executor refuses on purpose, each with why.
+UNSUPPORTED_NODES: dict[str, str] = {
+    "MetalKernelNode": "it runs a custom Metal kernel (Metal source in the payload), "
+    "which needs an Apple GPU; the reference executor runs on the CPU",
+}
+
 
 def node(*kinds: str):
+    """Register a function for node types; each type has one function."""
+
     def register(function: NodeFunction) -> NodeFunction:
         for kind in kinds:
+            if kind in NODE_FUNCTIONS:
+                raise ValueError(f"MLX node type {kind} has two functions")
             NODE_FUNCTIONS[kind] = function
         return function
 
     return register
 
 
-def _unary(kind: str, function: Callable[[mx.array], mx.array]) -> None:
-    NODE_FUNCTIONS[kind] = lambda it, f: it.set(f["out"], function(it.t(f["x"])))
+def supported_node_kinds() -> frozenset[str]:
+    return frozenset(NODE_FUNCTIONS)
 
 
-def _binary(kind: str, function: Callable[[mx.array, mx.array], mx.array]) -> None:
-    NODE_FUNCTIONS[kind] = lambda it, f: it.set(f["out"], function(it.t(f["a"]), it.t(f["b"])))
-
-
-def _int_binary(kind: str, function: Callable[[int, int], int]) -> None:
-    NODE_FUNCTIONS[kind] = lambda it, f: it.set(f["out"], function(it.v(f["a"]), it.v(f["b"])))
-
-
-def _gelu(x: mx.array, approximate: str | None) -> mx.array:
-    if approximate == "tanh":
-        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
-        return 0.5 * x * (1.0 + mx.tanh(inner))
-    return 0.5 * x * (1.0 + mx.erf(x / math.sqrt(2.0)))
-
-
-for _kind, _function in {
-    "SiluNode": lambda x: x * mx.sigmoid(x),
-    "SigmoidNode": mx.sigmoid,
-    "TanhNode": mx.tanh,
-    "RsqrtNode": mx.rsqrt,
-    "SqrtNode": mx.sqrt,
-    "LogNode": mx.log,
-    "Log2Node": mx.log2,
-    "Log10Node": mx.log10,
-    "Log1pNode": mx.log1p,
-    "ExpNode": mx.exp,
-    "Expm1Node": mx.expm1,
-    "SinNode": mx.sin,
-    "CosNode": mx.cos,
-    "TanNode": mx.tan,
-    "ArcsinNode": mx.arcsin,
-    "ArccosNode": mx.arccos,
-    "ArctanNode": mx.arctan,
-    "SinhNode": mx.sinh,
-    "CoshNode": mx.cosh,
-    "ArcsinhNode": mx.arcsinh,
-    "ArccoshNode": mx.arccosh,
-    "ArctanhNode": mx.arctanh,
-    "ErfNode": mx.erf,
-    "FloorNode": mx.floor,
-    "CeilNode": mx.ceil,
-    "SquareNode": mx.square,
-    "ReciprocalNode": mx.reciprocal,
-    "AbsNode": mx.abs,
-    "NegNode": mx.negative,
-    "SignNode": mx.sign,
-    "LogicalNotNode": mx.logical_not,
-    "BitwiseInvertNode": mx.bitwise_invert,
-    "TruncNode": lambda x: mx.where(x < 0, mx.ceil(x), mx.floor(x)),
-    "IdCopyNode": lambda x: x,
-    "ContiguousNode": mx.contiguous,
-}.items():
-    _unary(_kind, _function)
-
-for _kind, _function in {
-    "AddNode": mx.add,
-    "SubtractNode": mx.subtract,
-    "MultiplyNode": mx.multiply,
-    "DivideNode": mx.divide,
-    "MaximumNode": mx.maximum,
-    "MinimumNode": mx.minimum,
-    "PowerNode": mx.power,
-    "FloorDivideNode": mx.floor_divide,
-    "RemainderNode": mx.remainder,
-    "Atan2Node": mx.arctan2,
-    "LogAddExpNode": mx.logaddexp,
-    "LessNode": mx.less,
-    "LessEqualNode": mx.less_equal,
-    "GreaterNode": mx.greater,
-    "GreaterEqualNode": mx.greater_equal,
-    "EqualNode": mx.equal,
-    "NotEqualNode": mx.not_equal,
-    "LogicalAndNode": mx.logical_and,
-    "LogicalOrNode": mx.logical_or,
-    "BitwiseAndNode": mx.bitwise_and,
-    "BitwiseOrNode": mx.bitwise_or,
-    "BitwiseXorNode": mx.bitwise_xor,
-}.items():
-    _binary(_kind, _function)
-
-for _kind, _function in {
-    "AddIntNode": lambda a, b: a + b,
-    "SubtractIntNode": lambda a, b: a - b,
-    "MultiplyIntNode": lambda a, b: a * b,
-    "FloorDivideIntNode": lambda a, b: a // b,
-    "ModIntNode": lambda a, b: a % b,
-}.items():
-    _int_binary(_kind, _function)
-
-
-def _reduction(kind: str, function) -> None:
-    def run(it: Interpreter, f: dict) -> None:
-        x = it.t(f["x"])
-        axes = list(f["axes"]) or list(range(x.ndim))
-        it.set(f["out"], function(x, axis=axes, keepdims=bool(f["keepdims"])))
-
-    NODE_FUNCTIONS[kind] = run
-
-
-for _kind, _function in {
-    "SumNode": mx.sum,
-    "MeanNode": mx.mean,
-    "ProdNode": mx.prod,
-    "MaxNode": mx.max,
-    "MinNode": mx.min,
-    "AnyNode": mx.any,
-    "AllNode": mx.all,
-    "LogSumExpNode": mx.logsumexp,
-}.items():
-    _reduction(_kind, _function)
-
-
-@node("NoopNode")
-def _noop(it: Interpreter, f: dict) -> None:
-    pass
-
-
-@node("AddmmNode")
-def _addmm(it: Interpreter, f: dict) -> None:
-    product = it.t(f["mat1"]) @ it.t(f["mat2"])
-    if f["alpha"] != 1.0:
-        product = product * f["alpha"]
-    bias = it.t(f["bias"])
-    if bias is not None:
-        product = product + (bias * f["beta"] if f["beta"] != 1.0 else bias)
-    it.set(f["out"], product)
-
-
-@node("GeluNode")
-def _gelu_node(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], _gelu(it.t(f["x"]), f["approximate"]))
-
-
-@node("LayerNormNode")
-def _layer_norm(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.fast.layer_norm(it.t(f["x"]), it.t(f["weight"]), it.t(f["bias"]), f["eps"]))
-
-
-@node("RMSNormNode")
-def _rms_norm(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.fast.rms_norm(it.t(f["x"]), it.t(f["weight"]), f["eps"]))
-
-
-@node("SdpaNode")
-def _sdpa(it: Interpreter, f: dict) -> None:
-    mask = it.t(f["mask"])
-    if mask is None and f["causal"]:
-        mask = "causal"
-    out = mx.fast.scaled_dot_product_attention(
-        it.t(f["q"]), it.t(f["k"]), it.t(f["v"]), scale=f["scale"], mask=mask
-    )
-    it.set(f["out"], out)
-
-
-@node("SoftmaxNode")
-def _softmax(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.softmax(it.t(f["x"]), axis=f["axis"], precise=bool(f["precise"])))
-
-
-@node("TransposeNode")
-def _transpose(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.transpose(it.t(f["x"]), list(f["perm"])))
-
-
-@node("ReshapeNode")
-def _reshape(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.reshape(it.t(f["x"]), it.vs(f["shape"])))
-
-
-@node("BroadcastToNode")
-def _broadcast_to(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
-    shape = [x.shape[i - (len(f["shape"]) - x.ndim)] if s == -1 else s for i, s in enumerate(it.vs(f["shape"]))]
-    it.set(f["out"], mx.broadcast_to(x, shape))
-
-
-@node("ExpandDimsNode")
-def _expand_dims(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.expand_dims(it.t(f["x"]), f["axis"]))
-
-
-@node("SqueezeNode")
-def _squeeze(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
-    dims = [d for d in f["dims"] if x.shape[d] == 1] if f["dims"] else None
-    it.set(f["out"], mx.squeeze(x, dims) if dims != [] else x)
-
-
-@node("TileNode")
-def _tile(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.tile(it.t(f["x"]), it.vs(f["reps"])))
-
-
-@node("RepeatNode")
-def _repeat(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.repeat(it.t(f["x"]), it.v(f["repeats"]), axis=f["axis"]))
-
-
-@node("FlipNode")
-def _flip(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
-    index = [slice(None)] * x.ndim
-    for axis in f["axes"]:
-        index[axis] = slice(None, None, -1)
-    it.set(f["out"], x[tuple(index)])
-
-
-@node("RollNode")
-def _roll(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.roll(it.t(f["x"]), it.vs(f["shift"]), axis=list(f["axes"])))
-
-
-@node("SplitNode")
-def _split(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
-    axis = f["axis"] % x.ndim
-    sizes = it.vs(f["sizes"])
-    outs = f["outs"]
-    if len(sizes) == 1 and len(outs) > 1:  # one chunk size: the last chunk may be shorter
-        sizes = [min(sizes[0], x.shape[axis] - sizes[0] * i) for i in range(len(outs))]
-    boundaries = list(np.cumsum(sizes)[:-1])
-    for ref, part in zip(outs, mx.split(x, [int(b) for b in boundaries], axis=axis)):
-        it.set(ref, part)
-
-
-def _axis_slice(it: "Interpreter", f: dict, x) -> tuple:
-    """The index of a slice node's start:stop:step along its axis, clamped like torch."""
-    axis = it.v(f["axis"]) % x.ndim
-    size = x.shape[axis]
-    start, stop = it.v(f["start"]), it.v(f["stop"])
-    start = max(0, min(size, start + size if start < 0 else start))
-    stop = max(0, min(size, stop + size if stop < 0 else stop))
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(start, stop, f["step"] or 1)
-    return tuple(index)
-
-
-@node("SliceNode")
-def _slice(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
-    it.set(f["out"], x[_axis_slice(it, f, x)])
-
-
-@node("SliceUpdateNode")
-def _slice_update(it: Interpreter, f: dict) -> None:
-    dst = it.t(f["dst"])
-    out = mx.array(dst)
-    out[_axis_slice(it, f, dst)] = it.t(f["update"])
-    it.set(f["out"], out)
-
-
-@node("ConcatenateNode")
-def _concatenate(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.concatenate([it.t(t) for t in f["tensors"]], axis=f["axis"]))
-
-
-@node("StackNode")
-def _stack(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.stack([it.t(t) for t in f["tensors"]], axis=f["axis"]))
-
-
-@node("AsTypeNode")
-def _astype(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], it.t(f["x"]).astype(mx_dtype(f["scalar_type"])))
-
-
-@node("FullNode")
-def _full(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.full(it.vs(f["shape"]), it.v(f["v"]), dtype=mx_dtype(f["scalar_type"])))
-
-
-@node("FullLikeNode")
-def _full_like(it: Interpreter, f: dict) -> None:
-    x = it.t(f["x"])
-    dtype = x.dtype if f["scalar_type"] is None else mx_dtype(f["scalar_type"])
-    it.set(f["out"], mx.full(x.shape, it.v(f["v"]), dtype=dtype))
-
-
-@node("ARangeNode")
-def _arange(it: Interpreter, f: dict) -> None:
-    dtype = mx.int64 if f["scalar_type"] is None else mx_dtype(f["scalar_type"])
-    it.set(f["out"], mx.arange(it.v(f["start"]), it.v(f["stop"]), it.v(f["step"]), dtype=dtype))
-
-
-@node("WhereNode")
-def _where(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.where(it.t(f["condition"]), it.t(f["x"]), it.t(f["y"])))
-
-
-@node("ClipNode")
-def _clip(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.clip(it.t(f["x"]), it.t(f["a_min"]), it.t(f["a_max"])))
-
-
-@node("TrilNode")
-def _tril(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.tril(it.t(f["x"]), f["k"]))
-
-
-@node("TriuNode")
-def _triu(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.triu(it.t(f["x"]), f["k"]))
-
-
-@node("CumsumNode")
-def _cumsum(it: Interpreter, f: dict) -> None:
-    out = mx.cumsum(it.t(f["x"]), axis=f["axis"], reverse=bool(f["reverse"]), inclusive=bool(f["inclusive"]))
-    it.set(f["out"], out)
-
-
-def _arg(function):
-    def run(it: Interpreter, f: dict) -> None:
-        it.set(f["out"], function(it.t(f["x"]), axis=f["axis"], keepdims=bool(f["keepdims"])))
-
-    return run
-
-
-NODE_FUNCTIONS["ArgmaxNode"] = _arg(mx.argmax)
-NODE_FUNCTIONS["ArgminNode"] = _arg(mx.argmin)
-
-
-def _moment(function):
-    def run(it: Interpreter, f: dict) -> None:
-        x = it.t(f["x"])
-        axes = list(f["axes"]) or list(range(x.ndim))
-        it.set(f["out"], function(x, axis=axes, keepdims=bool(f["keepdims"]), ddof=int(f["ddof"])))
-
-    return run
-
-
-NODE_FUNCTIONS["VarNode"] = _moment(mx.var)
-NODE_FUNCTIONS["StdNode"] = _moment(mx.std)
-
-
-@node("TakeNode")
-def _take(it: Interpreter, f: dict) -> None:
-    index = it.v(f["index"])
-    x = it.t(f["x"])
-    if isinstance(index, mx.array) and index.dtype == mx.bool_:
-        # What the MLX runtime would do: mx.take refuses boolean indices.
-        raise BadMLXPayload(
-            "the MLX payload gathers with a boolean index, which the MLX runtime refuses "
-            "([Gather] Boolean indices not supported)",
-            hint="compile it with this driver: boolean indices stay on the CPU",
-        )
-    if isinstance(index, int):
-        index = index + x.shape[f["axis"]] if index < 0 else index
-    it.set(f["out"], mx.take(x, index, axis=f["axis"]))
-
-
-@node("TakeAlongAxisNode")
-def _take_along_axis(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.take_along_axis(it.t(f["x"]), it.t(f["indices"]), axis=f["axis"]))
-
-
-@node("GatherNode")
-def _gather(it: Interpreter, f: dict) -> None:
-    """mlx::gather(x, indices, axes, slice_sizes): the output has the broadcast index
-    shape, then one dimension per input dimension (1 on the indexed axes)."""
-    x = it.t(f["x"])
-    axes = [a % x.ndim for a in f["axes"]]
-    indices = mx.broadcast_arrays(*[it.t(i) for i in f["indices"]])
-    rest = [d for d in range(x.ndim) if d not in axes]
-    moved = mx.transpose(x, axes + rest)
-    gathered = moved[tuple(indices)]  # broadcast shape + the other axes in order
-    sizes = list(f["slice_sizes"])
-    for d in rest:
-        if sizes[d] != x.shape[d]:
-            gathered = mx.take(gathered, mx.arange(sizes[d]), axis=len(indices[0].shape) + rest.index(d))
-    it.set(f["out"], mx.reshape(gathered, list(indices[0].shape) + sizes))
-
-
-@node("ScatterAddNode")
-def _scatter_add(it: Interpreter, f: dict) -> None:
-    # torch.scatter_add semantics (what the handler lowers); done in torch for clarity.
-    x, indices, updates = (to_torch(it.t(f[k])) for k in ("x", "indices", "updates"))
-    it.set(f["out"], to_mx(torch.scatter_add(x, f["axis"], indices.long(), updates)))
-
-
-@node("SymSizeNode")
-def _sym_size(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], int(it.t(f["a"]).shape[f["dim"]]))
-
-
-@node("ItemIntNode")
-def _item_int(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], int(it.t(f["x"]).item()))
-
-
-@node("IfNode")
-def _if(it: Interpreter, f: dict) -> None:
-    it.run_chain(f["then_chain_idx"] if it.v(f["cond"]) else f["else_chain_idx"])
-
-
-@node("PadNode")
-def _pad(it: Interpreter, f: dict) -> None:
-    flat = it.vs(f["pad_width"])  # (before, after) per dimension, first dimension first
-    pairs = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-    mode = f["mode"] or "constant"
-    x = it.t(f["x"])
-    if mode == "constant":
-        it.set(f["out"], mx.pad(x, pairs, mode="constant", constant_values=f["constant_value"] or 0))
-    else:
-        it.set(f["out"], mx.pad(x, pairs, mode=mode))
+# The node functions register themselves on import; they need the names above.
+from compiler.backends.mlx import nodes_attention, nodes_conv, nodes_core, nodes_quant  # noqa: E402,F401

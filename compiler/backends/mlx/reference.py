@@ -15,6 +15,11 @@ ExecuTorch's `Method` does:
   its constants taken from the program's named data;
 - moves and conditional jumps do what they say.
 
+Like a loaded ExecuTorch `Method`, a `ReferenceExecutor` keeps each method's
+memory, and each MLX delegate its constants and mutable buffers, from one
+`run` to the next: state a program updates in place carries over between
+calls, on the CPU and in the delegate. A new executor starts afresh.
+
 Anything else (an operator torch does not have, a node type the interpreter
 does not know, another backend's delegate) fails with a named error.
 """
@@ -102,7 +107,7 @@ def _et_view(tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
 
 
 class _Method:
-    """One execution plan, run once.
+    """One execution plan, loaded once and run any number of times.
 
     Tensors the memory planner placed live in one byte arena per memory id, at
     their planned offsets, as in ExecuTorch: a view the emitter resolved to
@@ -228,7 +233,7 @@ class _Method:
         overload(*positional, **keywords)
 
     def _delegate(self, call: schema.DelegateCall) -> None:
-        run = self.executor.delegate(call.delegate_index)
+        run = self.executor.delegate(self.plan, call.delegate_index)
         n_in = run.graph_inputs
         args = call.args
         outputs = run.execute([self.get(i) for i in args[:n_in]])
@@ -237,21 +242,27 @@ class _Method:
 
 
 class _MLXDelegate:
-    """One MLX payload, decoded once; each call runs it on fresh slots."""
+    """One MLX payload, decoded and initialised once (constants, mutable buffers at
+    zero, the init chain), as the runtime's `init` does; each call then runs it
+    with that state, as `execute` does."""
 
-    def __init__(self, payload: bytes, named_data: dict[str, bytes]) -> None:
+    def __init__(self, payload: bytes, named_data: dict[str, bytes], kv_cache: Any = None) -> None:
         self.graph = MLXGraph(payload)
-        self.named_data = named_data
         self.graph_inputs = len(self.graph.inputs)
+        self.interpreter = Interpreter(self.graph, named_data, kv_cache=kv_cache)
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
-        return Interpreter(self.graph, self.named_data).execute(inputs)
+        return self.interpreter.execute(inputs)
 
 
 class ReferenceExecutor:
-    """A deserialized program and what it needs to run: constants, operators, payloads."""
+    """A deserialized program and what it needs to run: constants, operators, payloads.
 
-    def __init__(self, pte: bytes) -> None:
+    `kv_cache` is the off-graph KV cache MLX `UpdateAndAttendNode`s use, which on a
+    device the runner installs (see `nodes_attention.py`).
+    """
+
+    def __init__(self, pte: bytes, kv_cache: Any = None) -> None:
         ensure_generated()
         pte_file = deserialize_pte_binary(pte)
         self.program = pte_file.program
@@ -261,9 +272,10 @@ class ReferenceExecutor:
             for key, entry in pte_file.named_data.pte_data.items():
                 self.named_data[key] = buffers[entry.buffer_index]
         self.mutable_data = pte_file.mutable_data or []
-        self._delegates: dict[int, _MLXDelegate] = {}
+        self.kv_cache = kv_cache
+        self._delegates: dict[tuple[str, int], _MLXDelegate] = {}
         self._operators: dict[tuple[str, str], Any] = {}
-        self._plan: schema.ExecutionPlan | None = None
+        self._methods: dict[str, _Method] = {}
 
     def plan(self, method: str) -> schema.ExecutionPlan:
         for plan in self.program.execution_plan:
@@ -273,8 +285,9 @@ class ReferenceExecutor:
         raise ReferenceExecutionError(f"the program has no method {method!r}", hint=f"it has: {', '.join(names)}")
 
     def run(self, inputs: Sequence[Any], method: str = METHOD) -> list[Any]:
-        self._plan = self.plan(method)
-        return _Method(self, self._plan).run(inputs)
+        if method not in self._methods:
+            self._methods[method] = _Method(self, self.plan(method))
+        return self._methods[method].run(inputs)
 
     def constant_tensor(self, spec: schema.Tensor) -> torch.Tensor | None:
         dtype = _torch_dtype(spec.scalar_type)
@@ -309,9 +322,10 @@ class ReferenceExecutor:
             self._operators[key] = overload
         return self._operators[key]
 
-    def delegate(self, index: int) -> _MLXDelegate:
-        if index not in self._delegates:
-            delegate = self._plan.delegates[index]
+    def delegate(self, plan: schema.ExecutionPlan, index: int) -> _MLXDelegate:
+        key = (plan.name, index)
+        if key not in self._delegates:
+            delegate = plan.delegates[index]
             if delegate.id != DELEGATE_ID:
                 raise UnsupportedByRuntime(
                     f"the MLX reference executor cannot run a {delegate.id} delegate",
@@ -320,8 +334,8 @@ class ReferenceExecutor:
             if delegate.processed.location != schema.DataLocation.INLINE:
                 raise ReferenceExecutionError("the MLX delegate's payload is not in the program")
             payload = self.program.backend_delegate_data[delegate.processed.index].data
-            self._delegates[index] = _MLXDelegate(bytes(payload), self.named_data)
-        return self._delegates[index]
+            self._delegates[key] = _MLXDelegate(bytes(payload), self.named_data, self.kv_cache)
+        return self._delegates[key]
 
 
 def run_program(pte: bytes, inputs: list) -> list[torch.Tensor]:
