@@ -3,11 +3,20 @@
 One `run_decompositions` call: the nodes the dry run planned to keep whole are
 renamed into ExecuTorch's no-decompose namespace for that one call and named
 back afterwards, instead of stock's decompose / rename / decompose-again.
+
+ExecuTorch's decomposition table lacks some ops that are not core ATen but that
+torch can decompose (`aten.bucketize.Tensor`, which SigLIP / Idefics3 vision
+embeddings use for their patch positions): left whole, the Edge verifier refuses
+them (`SpecViolationError: ... is not in Core ATen opset`) and no runtime has a
+kernel for them. The table gets torch's decomposition of those the program holds.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from torch._decomp import decomposition_table as _torch_decompositions
 from torch.export import ExportedProgram
 
 from executorch.exir.program._program import (
@@ -23,6 +32,33 @@ from compiler.ir.graph import call_nodes
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.edge_conversion import generate_edge_program
 
+logger = logging.getLogger(__name__)
+
+
+def _is_core(op: torch._ops.OpOverload) -> bool:
+    return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
+
+
+def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverload]) -> dict:
+    """ExecuTorch's table, plus torch's decomposition of each non-core ATen op in
+    `program` that ExecuTorch's table lacks (else the Edge verifier refuses it)."""
+    table = _default_decomposition_table()
+    added = {
+        node.target
+        for node in call_nodes(program)
+        if isinstance(node.target, torch._ops.OpOverload)
+        and node.target.namespace == "aten"
+        and node.target not in table
+        and node.target not in keep
+        and not _is_core(node.target)
+        and node.target in _torch_decompositions
+    }
+    for op in added:
+        table[op] = _torch_decompositions[op]
+    if added:
+        logger.debug("decomposing with torch's table too: %s", sorted(map(str, added)))
+    return table
+
 
 def decompose(
     program: ExportedProgram, keep_nodes: frozenset[str] | set[str]
@@ -31,6 +67,7 @@ def decompose(
 
     The names come from the dry run, which already dropped ops that cannot be kept
     whole (mutating or aliasing ones)."""
+    table = decomposition_table(program, {n.target for n in call_nodes(program) if n.name in keep_nodes})
     renamed: list[tuple[torch.fx.Node, torch._ops.OpOverload]] = []
     for node in call_nodes(program):
         if node.name in keep_nodes:
@@ -38,7 +75,7 @@ def decompose(
             renamed.append((node, node.target))
             node.target = aten_op_to_transform_op[node.target]
     try:
-        decomposed = program.run_decompositions(_default_decomposition_table())
+        decomposed = program.run_decompositions(table)
     finally:
         for node, target in renamed:  # the input artifact must come back unchanged
             node.target = target

@@ -1,6 +1,8 @@
 """The decompose stage: one decomposition, kept-whole ops, a pure Edge program."""
 
+import pytest
 import torch
+from torch._export.verifier import SpecViolationError
 
 import compiler
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
@@ -67,3 +69,25 @@ def test_node_filter_keeps_only_accepted_nodes_whole_and_leaves_the_input_unchan
     assert "aten.addmm.default" in ops  # the other one decomposed
     assert [n.target for n in planned.program.graph.nodes] == before
     assert edge.preserved_ops == ("aten.linear.default",)
+
+
+class PatchPositions(torch.nn.Module):
+    """SigLIP / Idefics3 vision embeddings: patch coordinates bucketed into position ids."""
+
+    def forward(self, coords):
+        return torch.bucketize(coords, torch.tensor([0.25, 0.5, 0.75]), right=True) * 4
+
+
+def test_stock_to_edge_refuses_bucketize_which_no_table_of_executorch_decomposes():
+    with torch.no_grad():
+        ep = torch.export.export(PatchPositions(), (torch.rand(1, 4),))
+    with pytest.raises(SpecViolationError, match="bucketize.Tensor is not in Core ATen opset"):
+        to_edge(ep)
+
+
+def test_bucketize_is_decomposed_with_torchs_table_and_matches_eager():
+    model, args = PatchPositions(), (torch.tensor([[0.0, 0.25, 0.6, 0.99]]),)
+    artifact = compiler.compile(model, args, "portable")
+    ops = {op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"}
+    assert not any("bucketize" in op for op in ops)
+    assert torch.equal(compiler.run(artifact, args)[0], model(*args))
