@@ -13,7 +13,7 @@ import torch
 from torch.export import ExportedProgram
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.mlx import support
+from compiler.backends.mlx import rewrites, support
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import state_not_starting_at_zero
@@ -62,6 +62,7 @@ class MLXBackend(Backend):
         )
         from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 
+        rewrites.copy_source_like_destination(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
         stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)

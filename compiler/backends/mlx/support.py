@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from compiler.backends.mlx.rewrites import copy_mismatch
 from compiler.ir.dialect import op_name
 
 # Names under which ATen schemas take index tensors (index.Tensor, index_put,
@@ -134,11 +135,27 @@ def dtype_mlx_cannot_hold(node: torch.fx.Node) -> Optional[str]:
     return None
 
 
+def copy_source_unlike_destination(node: torch.fx.Node) -> Optional[str]:
+    """Stock 1.5.1's MLX aten.copy handler returns its source as is (contiguous(src)), not
+    broadcast and cast to the destination. `rewrites.copy_source_like_destination` fixes
+    every copy onto a static shape before this check; one onto a symbolic shape stays here."""
+    mismatch = copy_mismatch(node)
+    if mismatch is None:
+        return None
+    destination, source = mismatch
+    return (
+        f"copy of a {str(source.dtype).removeprefix('torch.')} {list(source.shape)} source onto a "
+        f"{str(destination.dtype).removeprefix('torch.')} {list(destination.shape)} destination: "
+        "ExecuTorch 1.5.1's MLX lowering returns the source unbroadcast and uncast"
+    )
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
 RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     boolean_index,
     same_rank_single_index,
     dtype_mlx_cannot_hold,
+    copy_source_unlike_destination,
 )
 
 

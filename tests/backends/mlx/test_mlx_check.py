@@ -1,5 +1,6 @@
 """Compiled for MLX, run here (CPU nodes in torch, MLX payloads with mlx.core), compared with eager."""
 
+import pytest
 import torch
 
 import compiler
@@ -240,3 +241,64 @@ def test_float64_inside_a_tensor_list_stays_on_cpu_with_reason():
     (row,) = _placement(artifact, "aten.cat.default")
     assert row.where == "cpu" and "float64" in row.reason and "cannot hold" in row.reason
     assert _placement(artifact, "aten.add.Tensor")[0].where == "MLXBackend"
+
+
+class FillAll(torch.nn.Module):
+    """`y[0:1] = 3.0` over all of a (1, 4) y: an aten.copy of a 0-d source onto (1, 4)."""
+
+    def __init__(self, reduce: bool = False):
+        super().__init__()
+        self.reduce = reduce
+
+    def forward(self, x):
+        y = x.clone()
+        y[0:1] = 3.0
+        return y.sum(-1) if self.reduce else y
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["returned", "summed"])
+def test_copy_of_a_smaller_source_keeps_the_destination_shape(reduce):
+    model, x = FillAll(reduce).eval(), torch.randn(1, 4)
+    artifact = _check(model, (x,))
+    (out,) = compiler.run(artifact, (x,))
+    expected = model(x)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected)
+    assert _placement(artifact, "aten.copy.default")[0].where == "MLXBackend"
+
+
+class CopyCast(torch.nn.Module):
+    """copy_ of an int32 [4] source onto a float32 [2, 4] destination: broadcast and cast."""
+
+    def forward(self, x, i):
+        y = x * 1.0
+        y.copy_(i)
+        return y + 0.5
+
+
+def test_copy_of_another_dtype_and_shape_matches_eager():
+    model, inputs = CopyCast().eval(), (torch.randn(2, 4), torch.arange(4, dtype=torch.int32))
+    artifact = _check(model, inputs)
+    (out,) = compiler.run(artifact, inputs)
+    expected = model(*inputs)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected)
+
+
+class FillDynamic(torch.nn.Module):
+    def forward(self, x):
+        y = x.clone()
+        y[:] = 3.0
+        return y + x
+
+
+def test_copy_onto_a_symbolic_shape_stays_on_cpu_with_reason():
+    from torch.export import Dim
+
+    model, x = FillDynamic().eval(), torch.randn(3, 4)
+    artifact = _check(model, (x,), dynamic_shapes=({0: Dim("n", min=2, max=8)},))
+    (row,) = _placement(artifact, "aten.copy.default")
+    assert row.where == "cpu" and "unbroadcast" in row.reason
+    longer = torch.randn(5, 4)
+    (out,) = compiler.run(artifact, (longer,))
+    torch.testing.assert_close(out, model(longer))

@@ -1,0 +1,91 @@
+"""Rewrites of the Edge program before MLX's support check, for ops stock lowers wrongly.
+
+Each rewrite keeps what the program computes and turns a node that ExecuTorch's
+MLX handler would mislower into nodes that handler lowers right, so the op stays
+on MLX instead of being refused. What a rewrite cannot fix, a rule in
+`support.py` refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch.export import ExportedProgram
+
+from compiler.ir.dialect import op_name
+
+logger = logging.getLogger(__name__)
+
+
+def _tensor(node: object) -> Optional[torch.Tensor]:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def copy_mismatch(node: torch.fx.Node) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination, source) values of an aten.copy whose source differs from its
+    destination in shape or dtype, else None."""
+    if node.op != "call_function" or op_name(node.target) != "aten.copy.default":
+        return None
+    destination, source = _tensor(node.args[0]), _tensor(node.args[1])
+    if destination is None or source is None:
+        return None
+    if destination.shape == source.shape and destination.dtype == source.dtype:
+        return None
+    return destination, source
+
+
+def _static(shape: torch.Size) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _cast(graph: torch.fx.Graph, source: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    value = _tensor(source)
+    cast = graph.call_function(
+        exir_ops.edge.dim_order_ops._to_dim_order_copy.default,
+        (source,),
+        {"dtype": dtype, "dim_order": list(range(value.dim()))},
+    )
+    cast.meta["val"] = value.to(dtype)
+    return cast
+
+
+def _expand(graph: torch.fx.Graph, source: torch.fx.Node, shape: torch.Size) -> torch.fx.Node:
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    expand = graph.call_function(exir_ops.edge.aten.expand_copy.default, (source, list(shape)))
+    expand.meta["val"] = _tensor(source).expand(shape).clone()
+    return expand
+
+
+def copy_source_like_destination(program: ExportedProgram) -> int:
+    """aten.copy(self, src) returns a tensor of self's shape and dtype holding src broadcast
+    and cast. Stock 1.5.1's MLX handler emits contiguous(src), which keeps src's shape and
+    dtype: `y[0:1] = 3.0` over all of a (1, 4) `y` comes back 0-d (and the C++ runtime
+    cannot resize the static (1, 4) output to it). Giving the copy a source already cast
+    and expanded to self's static shape makes that handler right. Returns how many copies
+    changed; a copy onto a symbolic shape is left for `support.copy_source_unlike_destination`."""
+    graph = program.graph_module.graph
+    changed = 0
+    for node in list(graph.nodes):
+        mismatch = copy_mismatch(node)
+        if mismatch is None or not _static(mismatch[0].shape):
+            continue
+        destination, source = mismatch
+        with graph.inserting_before(node):
+            new_source = node.args[1]
+            if source.dtype != destination.dtype:
+                new_source = _cast(graph, new_source, destination.dtype)
+            if source.shape != destination.shape:
+                new_source = _expand(graph, new_source, destination.shape)
+        node.args = (node.args[0], new_source, *node.args[2:])
+        changed += 1
+    if changed:
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d copies given a source of their destination's shape and dtype", changed)
+    return changed
