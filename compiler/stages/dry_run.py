@@ -11,6 +11,12 @@ delegated there, or that have a CPU kernel anyway.
 
 It is skipped when nothing can change: nothing to keep whole, every kept op
 has a CPU kernel, or the backend says it takes every kept node.
+
+A node whose output size depends on the data (an unbacked symbol such as `u0`:
+a boolean-mask index, `nonzero`) is never kept whole, whatever the backend asks:
+renamed into the no-decompose namespace it is traced with its meta kernel, which
+cannot make such a size (`UnsupportedOperatorException: EDGE_DO_NOT_DECOMP.index.Tensor`
+for SmolVLA's patch-position merge kept whole for Core ML).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 import attrs
 import torch
 from torch.export import ExportedProgram
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
 
@@ -33,15 +40,28 @@ from compiler.stages.decompose import to_edge_program
 from compiler.stages.partition import partition
 
 
-def requested_nodes(program: ExportedProgram, backend: Backend) -> list[torch.fx.Node]:
-    """The ATen nodes the backend asks to keep whole."""
+def data_dependent_size(node: torch.fx.Node) -> str | None:
+    """Why `node` cannot be kept whole because its output size depends on the data, or None."""
+    symbols = free_unbacked_symbols(node.meta.get("val"))
+    if not symbols:
+        return None
+    return (
+        f"its output size depends on the data ({', '.join(sorted(map(str, symbols)))}): kept whole, "
+        "it would be traced with its meta kernel, which cannot make such a size"
+    )
+
+
+def requested_nodes(program: ExportedProgram, backend: Backend) -> tuple[list[torch.fx.Node], dict[str, str]]:
+    """The ATen nodes the backend asks to keep whole that can be, and why the others cannot."""
     keep = backend.keep_whole(program)
     ops = set(_remove_invalid_ops_for_not_decompose(list(keep.ops))) if keep.ops else set()
-    return [
+    asked = [
         node
         for node in call_nodes(program)
         if node.target in ops and (keep.node_filter is None or keep.node_filter(node))
     ]
+    refused = {node.name: why for node in asked if (why := data_dependent_size(node))}
+    return [node for node in asked if node.name not in refused], refused
 
 
 def _aten_origin(node: torch.fx.Node) -> str:
@@ -93,7 +113,7 @@ class DryRun(Stage):
 
     def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
         program = aten.program
-        kept = requested_nodes(program, ctx.backend)
+        kept, refused = requested_nodes(program, ctx.backend)
         skipped = because = None
         if not kept:
             skipped = "nothing to keep whole"
@@ -105,10 +125,10 @@ class DryRun(Stage):
         ctx.metrics["kept"] = len(kept)
         if skipped:
             ctx.metrics["skipped"] = skipped
-            return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), {}, skipped))
+            return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
         result = dry_run(program, ctx.backend, kept)
-        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(result.dropped), result.dropped)
+        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(result.dropped), {**refused, **result.dropped})
         ctx.metrics["kept"] = len(plan.nodes)
         if result.dropped:
             by_op = sorted({op_name(n.target) for n in kept if n.name in result.dropped})

@@ -125,3 +125,51 @@ def test_decompose_reuses_the_dry_run_program_when_nothing_is_dropped():
     assert artifact.stages["partition"] is artifact.stages["decompose"].partitioned
     edge = artifact.stages["decompose"].program
     assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)  # the search ran on a copy
+
+
+class MaskedPositions(torch.nn.Module):
+    """SmolVLA's patch-position merge: `ids[mask]`, whose size depends on the mask's values."""
+
+    def forward(self, mask, ids):
+        return ids[mask > 0] * 2
+
+
+class KeepIndexBackend(Backend):
+    """Asks to keep aten.index.Tensor whole, as Core ML does, and takes nothing."""
+
+    name = "keep-index"
+
+    def keep_whole(self, program):
+        return KeepWhole(frozenset({torch.ops.aten.index.Tensor}))
+
+    def partition(self, program):
+        return BackendPartition({})
+
+
+def masked_positions_inputs():
+    return torch.tensor([[1.0, -1.0, 2.0, 0.0, 3.0]]), torch.arange(5).reshape(1, 5)
+
+
+def test_stock_fails_to_decompose_a_kept_index_of_data_dependent_size():
+    class KeepIndex(Partitioner):
+        def ops_to_not_decompose(self, ep):
+            return [torch.ops.aten.index.Tensor], lambda node: True  # the per-node path Core ML takes
+
+        def partition(self, ep):
+            return PartitionResult(ep, {})
+
+    with torch.no_grad():
+        ep = torch.export.export(MaskedPositions(), masked_positions_inputs())
+    with pytest.raises(Exception, match="EDGE_DO_NOT_DECOMP.index.Tensor"):
+        to_edge_transform_and_lower(ep, partitioner=[KeepIndex()])
+
+
+@pytest.mark.parametrize("backend", [KeepIndexBackend(), "coreml"], ids=["keep-index", "coreml"])
+def test_a_node_of_data_dependent_size_is_not_kept_whole(backend):
+    model, args = MaskedPositions(), masked_positions_inputs()
+    artifact = compiler.compile(model, args, backend)
+    plan = artifact.stages["dry_run"].keep_whole
+    (name,) = [n.name for n in artifact.stages["dry_run"].program.graph.nodes if n.target == torch.ops.aten.index.Tensor]
+    assert name not in plan.nodes and "depends on the data (u" in plan.dropped[name]
+    if not isinstance(backend, str):
+        assert torch.equal(compiler.run(artifact, args)[0], model(*args))
