@@ -6,7 +6,9 @@ stays on the CPU with that reason in the placement report.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import operator
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -150,12 +152,74 @@ def copy_source_unlike_destination(node: torch.fx.Node) -> Optional[str]:
     )
 
 
+def _symbolic_floats(node: torch.fx.Node) -> list[str]:
+    """Names of the symbolic floats (`zuf0`, from `.item()` of a float tensor) `node` returns or reads."""
+    read: list[torch.fx.Node] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), read.append)
+    return [str(n.meta["val"]) for n in [node, *read] if isinstance(n.meta.get("val"), torch.SymFloat)]
+
+
+def symbolic_float(node: torch.fx.Node) -> Optional[str]:
+    """An MLX program carries tensors, SymInt and SymBool values only: stock 1.5.1's slot
+    manager has no slot for a symbolic float (NotImplementedError: val_to_idtype: zuf0),
+    and its item handler takes only integers. The node making or reading one (multi_task_dit's
+    diffusion time, `grid[i].item()`) stays on the CPU, which carries it as a scalar."""
+    names = _symbolic_floats(node)
+    if not names:
+        return None
+    return (
+        f"symbolic float {', '.join(dict.fromkeys(names))} (a float read from a tensor at run time): "
+        "an MLX program carries tensors, SymInt and SymBool values only"
+    )
+
+
+@contextlib.contextmanager
+def symbolic_floats_hidden(program) -> Iterator[None]:
+    """Stock 1.5.1's MLX support check (MLXProgramBuilder, in `ops_to_not_decompose` and
+    `MLXOperatorSupport`) gives every node it declines a slot, and crashes on a symbolic
+    float (val_to_idtype: zuf0). While it runs, such values are hidden from it; the
+    `symbolic_float` rule refuses their nodes afterwards."""
+    hidden = [(n, n.meta.pop("val")) for n in program.graph.nodes if isinstance(n.meta.get("val"), torch.SymFloat)]
+    try:
+        yield
+    finally:
+        for node, value in hidden:
+            node.meta["val"] = value
+
+
+# Multi-output ops whose stock 1.5.1 MLX handler writes only output 0, and what the others are.
+_ONLY_FIRST_OUTPUT_WRITTEN = {
+    "aten.max_pool1d_with_indices.default": "indices",
+    "aten.max_pool2d_with_indices.default": "indices",
+    "aten.max_pool3d_with_indices.default": "indices",
+    "aten._native_batch_norm_legit_no_training.default": "save_mean and save_invstd",
+}
+
+
+def unwritten_output_read(node: torch.fx.Node) -> Optional[str]:
+    """Stock 1.5.1's MLX handlers for max pooling with indices and inference batch norm emit
+    only the first output and leave the others' slots unwritten (unlike its other
+    multi-output handlers, they do not check `used_getitem_indices`), so a program that
+    reads the indices reads a tensor the payload never wrote."""
+    what = _ONLY_FIRST_OUTPUT_WRITTEN.get(op_name(node.target))
+    if what is None:
+        return None
+    read = sorted(u.args[1] for u in node.users if u.target is operator.getitem and u.args[1] != 0)
+    if not read:
+        return None
+    return (
+        f"reads output {', '.join(map(str, read))} ({what}), which ExecuTorch 1.5.1's MLX lowering "
+        "of this op never writes"
+    )
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
 RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     boolean_index,
     same_rank_single_index,
     dtype_mlx_cannot_hold,
     copy_source_unlike_destination,
+    symbolic_float,
 )
 
 
