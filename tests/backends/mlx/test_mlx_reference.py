@@ -54,3 +54,39 @@ def test_cpu_nodes_run_in_torch_like_the_portable_runtime(name):
     (ours,) = run_program(artifact.pte, list(inputs))
     (runtime,) = compiler.run(artifact, inputs)  # ExecuTorch's own runtime
     torch.testing.assert_close(ours, runtime, atol=1e-5, rtol=1e-5)
+
+
+class _Count(torch.nn.Module):
+    """A buffer updated in place: its value carries from one call to the next."""
+
+    def __init__(self, start: float):
+        super().__init__()
+        self.register_buffer("count", torch.full((4,), start))
+
+    def forward(self, x):
+        self.count.add_(x)
+        return self.count * 2.0
+
+
+@pytest.mark.parametrize(
+    "start, owner",
+    [(0.0, "the MLX delegate"), (1.5, "the CPU")],
+    ids=["zero-start-delegate-owned", "initialized-cpu-owned"],
+)
+def test_state_carries_between_runs_like_eager(start, owner):
+    """A buffer starting at zero is the delegate's mutable buffer (the MLX runtime starts
+    it at zeros and keeps it in its handle); one that does not stays CPU-owned (the
+    program carries its first value and the Method's memory keeps it). Either way a
+    second run sees the first run's update, as eager does; a new executor starts afresh."""
+    torch.manual_seed(0)
+    eager = _Count(start)
+    x = torch.randn(4)
+    artifact = compiler.compile(_Count(start), (x,), backend="mlx")
+    executor = ReferenceExecutor(artifact.pte)
+    graph = MLXGraph(bytes(executor.program.backend_delegate_data[0].data))
+    assert bool(graph.mutable_buffers) == (owner == "the MLX delegate")
+    for _ in range(3):
+        (ours,) = executor.run([x])
+        torch.testing.assert_close(ours, eager(x))
+    (fresh,) = ReferenceExecutor(artifact.pte).run([x])
+    torch.testing.assert_close(fresh, (torch.full((4,), start) + x) * 2.0)
