@@ -220,6 +220,7 @@ RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     dtype_mlx_cannot_hold,
     copy_source_unlike_destination,
     symbolic_float,
+    unwritten_output_read,
 )
 
 
