@@ -1,0 +1,417 @@
+"""Every op ExecuTorch's MLX backend claims, alone in a program, compiled for MLX and run against eager.
+
+The claimed ops come from the backend's own handler registry, not a hand list. Each
+one-op program's inputs are derived from the op's ATen schema (INPUT_OVERRIDES for the
+few ops whose arguments must agree with each other). The property checked is that MLX
+partition and MLX lowering agree: the program compiles (a node MLX tags lowers), every
+node is on MLX or on the CPU with a reason, and the numbers equal eager's. Ops that
+cannot be built as a one-op program are in NOT_BUILDABLE with the reason.
+
+The default run takes each op in its first dtype; `-m slow` adds float16, bfloat16 and
+int32 wherever eager takes them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import pytest
+import torch
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from torch.utils import _pytree as pytree
+
+import compiler
+from compiler.backends.mlx.generated import ensure_generated
+from compiler.backends.mlx.interpreter import UnsupportedMLXNode
+from compiler.ir.dialect import op_name
+from compiler.ir.errors import VerificationError
+
+SHAPE = (2, 3, 4)
+FIRST_DTYPES = (torch.float32, torch.int32, torch.bool)  # an op's default dtype: the first eager takes
+MORE_DTYPES = (torch.float16, torch.bfloat16, torch.int32)
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+# Claimed targets no one-op program can stand for, with the reason.
+NOT_BUILDABLE = {
+    "NOOP": "a marker for dead nodes, not an op",
+    "auto_functionalized_v2": "a higher-order wrapper export puts around custom mutating ops",
+    "operator.add": "SymInt arithmetic: appears only between sym_size nodes of a dynamic-shape program",
+    "operator.sub": "SymInt arithmetic: appears only between sym_size nodes of a dynamic-shape program",
+    "operator.mul": "SymInt arithmetic: appears only between sym_size nodes of a dynamic-shape program",
+    "operator.floordiv": "SymInt arithmetic: appears only between sym_size nodes of a dynamic-shape program",
+    "operator.mod": "SymInt arithmetic: appears only between sym_size nodes of a dynamic-shape program",
+    "operator.neg": "SymInt arithmetic: appears only between sym_size nodes of a dynamic-shape program",
+    "operator.getitem": "takes one output of a multi-output op; covered by topk, sort, split, ...",
+    "aten.sym_size.int": "reads a dynamic size; returns no tensor",
+    "aten.item.default": "returns a Python scalar, which a program cannot output",
+    "aten._assert_scalar.default": "a run-time check on a SymInt; returns nothing",
+    "mlx.gather_mm.default": "ExecuTorch MLX's own MoE op, made by its LLM source transforms",
+    "mlx.gather_qmm.default": "ExecuTorch MLX's own quantized MoE op, made by its LLM source transforms",
+    "mlx.moe_gather_inputs.default": "ExecuTorch MLX's own MoE op, made by its LLM source transforms",
+    "mlx.moe_scatter_outputs.default": "ExecuTorch MLX's own MoE op, made by its LLM source transforms",
+    "mlx.rope.default": "ExecuTorch MLX's own op, made by its LLM source transforms",
+    "mlx.sample.default": "ExecuTorch MLX's own sampling op, made by its LLM source transforms",
+    "kvcache.update_and_attend.default": "ExecuTorch's KV-cache op, made by its LLM source transforms",
+    "torchao.dequantize_affine.default": "a torchao quantization primitive; only part of a quantized pattern",
+}
+# Claimed ops whose one-op program trips a driver bug outside the MLX backend (owner told).
+DRIVER_BUGS = {
+    "aten.arange.default": "fold: a program with no inputs has no fake mode to make the folded constant's value",
+    "aten.arange.start_step": "fold: a program with no inputs has no fake mode to make the folded constant's value",
+}
+# Ops our rules (compiler/backends/mlx/support.py) send to the CPU in their one-op program: reason text.
+REFUSED = {
+    "aten._native_batch_norm_legit_no_training.default": "never writes",  # the program reads save_mean/invstd
+    "aten.max_pool2d_with_indices.default": "never writes",  # the program reads the indices
+}
+# Ops with no valid program when all their outputs are read: MLX cannot, the CPU runtime has no kernel.
+NO_VALID_PROGRAM = {
+    "aten.max_pool3d_with_indices.default": "indices: MLX never writes them, and the runtime has no CPU kernel",
+}
+IN_PLACE = (
+    "in-place: export functionalizes it, and only stock's MLXReinplacePass (which this driver "
+    "does not run) puts it back"
+)
+
+
+def _rand(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape).to(dtype)
+    return torch.randint(-5, 6, shape, dtype=dtype)
+
+
+def _positive(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
+    return (torch.rand(shape) * 3 + 0.1).to(dtype)
+
+
+def _unit(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
+    return (torch.rand(shape) * 1.8 - 0.9).to(dtype)
+
+
+def _at_least_one(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
+    return (torch.rand(shape) * 3 + 1.0).to(dtype)
+
+
+# The input domain where an op is defined (elsewhere eager gives nan and compares nothing).
+DOMAINS: dict[str, Callable[..., torch.Tensor]] = {
+    **dict.fromkeys(["log", "log2", "log10", "sqrt", "rsqrt", "log1p", "reciprocal"], _positive),
+    **dict.fromkeys(["asin", "acos", "atanh"], _unit),
+    "acosh": _at_least_one,
+}
+
+
+def _idx(*values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _t(shape, dtype):
+    return _rand(dtype, shape)
+
+
+def _w(shape, dtype):
+    """A weight: a parameter of the program (as in a model), not an input."""
+    return torch.nn.Parameter(_rand(dtype, shape), requires_grad=False)
+
+
+# Ops whose arguments must agree with each other: (dtype) -> (args, kwargs).
+INPUT_OVERRIDES: dict[str, Callable[[torch.dtype], tuple[tuple, dict]]] = {
+    "aten.mm.default": lambda d: ((_t((3, 4), d), _t((4, 5), d)), {}),
+    "aten.bmm.default": lambda d: ((_t((2, 3, 4), d), _t((2, 4, 5), d)), {}),
+    "aten.addmm.default": lambda d: ((_t((5,), d), _t((3, 4), d), _t((4, 5), d)), {}),
+    "aten.matmul.default": lambda d: ((_t((2, 3, 4), d), _t((4, 5), d)), {}),
+    "aten.linear.default": lambda d: ((_t((2, 3, 4), d), _t((5, 4), d), _t((5,), d)), {}),
+    "aten.conv1d.default": lambda d: ((_t((1, 2, 8), d), _w((3, 2, 3), d), _w((3,), d)), {}),
+    "aten.conv2d.default": lambda d: ((_t((1, 2, 6, 6), d), _w((3, 2, 3, 3), d), _w((3,), d)), {}),
+    "aten.conv3d.default": lambda d: ((_t((1, 2, 4, 4, 4), d), _w((3, 2, 3, 3, 3), d), _w((3,), d)), {}),
+    "aten.conv_transpose1d.default": lambda d: ((_t((1, 2, 5), d), _w((2, 3, 3), d), _w((3,), d)), {}),
+    "aten.conv_transpose2d.input": lambda d: ((_t((1, 2, 4, 4), d), _w((2, 3, 3, 3), d), _w((3,), d)), {}),
+    "aten.conv_transpose3d.input": lambda d: ((_t((1, 2, 3, 3, 3), d), _w((2, 3, 2, 2, 2), d), _w((3,), d)), {}),
+    "aten.convolution.default": lambda d: (
+        (_t((1, 2, 6, 6), d), _w((3, 2, 3, 3), d), _w((3,), d), [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        {},
+    ),
+    "aten.avg_pool1d.default": lambda d: ((_t((1, 2, 8), d), [2]), {}),
+    "aten.avg_pool2d.default": lambda d: ((_t((1, 2, 6, 6), d), [2, 2]), {}),
+    "aten.avg_pool3d.default": lambda d: ((_t((1, 2, 4, 4, 4), d), [2, 2, 2]), {}),
+    "aten.max_pool1d.default": lambda d: ((_t((1, 2, 8), d), [2]), {}),
+    "aten.max_pool1d_with_indices.default": lambda d: ((_t((1, 2, 8), d), [2]), {}),
+    "aten.max_pool2d_with_indices.default": lambda d: ((_t((1, 2, 6, 6), d), [2, 2]), {}),
+    "aten.max_pool3d_with_indices.default": lambda d: ((_t((1, 2, 4, 4, 4), d), [2, 2, 2]), {}),
+    "aten.upsample_nearest2d.default": lambda d: ((_t((1, 2, 3, 3), d), [6, 6]), {}),
+    "aten.upsample_nearest2d.vec": lambda d: ((_t((1, 2, 3, 3), d), None, [2.0, 2.0]), {}),
+    "aten.layer_norm.default": lambda d: ((_t(SHAPE, d), [4], _t((4,), d), _t((4,), d)), {}),
+    "aten.native_layer_norm.default": lambda d: ((_t(SHAPE, d), [4], _t((4,), d), _t((4,), d), 1e-5), {}),
+    "aten.rms_norm.default": lambda d: ((_t(SHAPE, d), [4], _t((4,), d), 1e-6), {}),
+    "aten.native_group_norm.default": lambda d: (
+        (_t((2, 4, 3), d), _t((4,), d), _t((4,), d), 2, 4, 3, 2, 1e-5),
+        {},
+    ),
+    "aten._native_batch_norm_legit_no_training.default": lambda d: (
+        (_t((2, 3, 4), d), _t((3,), d), _t((3,), d), _t((3,), d), _positive(d, (3,)), 0.1, 1e-5),
+        {},
+    ),
+    "aten.embedding.default": lambda d: ((_t((10, 4), d), _idx(1, 3, 9)), {}),
+    "aten.index_select.default": lambda d: ((_t(SHAPE, d), 1, _idx(2, 0)), {}),
+    "aten.index.Tensor": lambda d: ((_t(SHAPE, d), [None, _idx(2, 0, 1)]), {}),
+    "aten.scatter_add.default": lambda d: ((_t(SHAPE, d), 1, torch.randint(0, 3, SHAPE), _t(SHAPE, d)), {}),
+    "aten.slice_scatter.default": lambda d: ((_t(SHAPE, d), _t((2, 1, 4), d), 1, 1, 2), {}),
+    "aten.copy.default": lambda d: ((_t(SHAPE, d), _t(SHAPE, d)), {}),
+    "aten.where.self": lambda d: ((_rand(torch.bool), _t(SHAPE, d), _t(SHAPE, d)), {}),
+    "aten.clamp.Tensor": lambda d: ((_t(SHAPE, d), _t(SHAPE, d) - 1, _t(SHAPE, d) + 1), {}),
+    "aten.clamp.default": lambda d: ((_t(SHAPE, d), -1, 1), {}),
+    "aten.full.default": lambda d: (([2, 3], 1.5 if d.is_floating_point else 3), {"dtype": d}),
+    "aten.zeros.default": lambda d: (([2, 3],), {"dtype": d}),
+    "aten.ones.default": lambda d: (([2, 3],), {"dtype": d}),
+    "aten.scalar_tensor.default": lambda d: ((2.5 if d.is_floating_point else 3,), {"dtype": d}),
+    "aten.arange.default": lambda d: ((6,), {"dtype": d}),
+    "aten.arange.start_step": lambda d: ((1, 9, 2), {"dtype": d}),
+    "aten.view.default": lambda d: ((_t(SHAPE, d), [6, 4]), {}),
+    "aten.view_copy.default": lambda d: ((_t(SHAPE, d), [6, 4]), {}),
+    "aten.reshape.default": lambda d: ((_t(SHAPE, d), [4, 6]), {}),
+    "aten.expand.default": lambda d: ((_t((3, 1), d), [2, 3, 4]), {}),
+    "aten.expand_copy.default": lambda d: ((_t((3, 1), d), [2, 3, 4]), {}),
+    "aten.permute.default": lambda d: ((_t(SHAPE, d), [2, 0, 1]), {}),
+    "aten.permute_copy.default": lambda d: ((_t(SHAPE, d), [2, 0, 1]), {}),
+    "aten.repeat.default": lambda d: ((_t(SHAPE, d), [1, 2, 1]), {}),
+    "aten.roll.default": lambda d: ((_t(SHAPE, d), [1], [2]), {}),
+    "aten.flip.default": lambda d: ((_t(SHAPE, d), [0, 2]), {}),
+    "aten.constant_pad_nd.default": lambda d: ((_t(SHAPE, d), [1, 2]), {}),
+    "aten.split_with_sizes.default": lambda d: ((_t(SHAPE, d), [1, 3], 2), {}),
+    "aten.split_with_sizes_copy.default": lambda d: ((_t(SHAPE, d), [1, 3], 2), {}),
+    "aten.squeeze.default": lambda d: ((_t((2, 1, 4), d),), {}),
+    "aten.squeeze_copy.default": lambda d: ((_t((2, 1, 4), d),), {}),
+    "aten.squeeze.dims": lambda d: ((_t((2, 1, 4), d), [1]), {}),
+    "aten.squeeze_copy.dims": lambda d: ((_t((2, 1, 4), d), [1]), {}),
+    "aten.topk.default": lambda d: ((_t(SHAPE, d), 2), {}),
+    "aten.narrow.default": lambda d: ((_t(SHAPE, d), 2, 1, 2), {}),
+    "aten._softmax.default": lambda d: ((_t(SHAPE, d), -1, False), {}),
+    "aten._log_softmax.default": lambda d: ((_t(SHAPE, d), -1, False), {}),
+    "aten.div.Tensor_mode": lambda d: ((_t(SHAPE, d), _positive(d)), {"rounding_mode": "floor"}),
+    "aten.repeat_interleave.self_int": lambda d: ((_t(SHAPE, d), 2, 1), {}),
+    "aten.pow.Tensor_Tensor": lambda d: ((_positive(d), _t(SHAPE, d)), {}),
+}
+
+
+def _op_label(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        return f"operator.{target.__name__}"
+    return op_name(target)
+
+
+def _aten(target: Any) -> Any:
+    return target._op if isinstance(target, EdgeOpOverload) else target
+
+
+@functools.cache
+def claimed() -> dict[str, Any]:
+    """label -> target, for every target ExecuTorch's MLX handler registry holds."""
+    ensure_generated()
+    import executorch.backends.mlx.ops  # noqa: F401  registers the handlers
+    import executorch.backends.mlx.patterns  # noqa: F401
+    from executorch.backends.mlx.builder.op_registry import REGISTRY
+
+    return {_op_label(t): t for t in REGISTRY.registered_ops()}
+
+
+def not_buildable(label: str, target: Any) -> str | None:
+    if label in NOT_BUILDABLE:
+        return NOT_BUILDABLE[label]
+    op = _aten(target)
+    if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable:
+        return IN_PLACE
+    return None
+
+
+# --- inputs from the schema ------------------------------------------------------------
+
+_DIMS = {"dim": 1, "dim0": 0, "dim1": 2, "index": 1, "start": 1, "length": 2, "split_size": 2, "k": 2, "repeats": 2}
+
+
+def _scalar(dtype: torch.dtype) -> float | int:
+    return 0.5 if dtype.is_floating_point else 2
+
+
+def _tensor_for(label: str, dtype: torch.dtype) -> torch.Tensor:
+    domain = DOMAINS.get(label.split(".")[1])
+    return domain(dtype) if domain else _rand(dtype)
+
+
+def _argument(label: str, argument, dtype: torch.dtype) -> Any:
+    """A value for one required schema argument, or KeyError when the schema says too little."""
+    kind, name = str(argument.type), argument.name
+    if kind == "Tensor":
+        return _rand(torch.bool) if name == "condition" else _tensor_for(label, dtype)
+    if kind == "List[Tensor]":
+        return [_tensor_for(label, dtype), _tensor_for(label, dtype)]
+    if kind == "int" and name in _DIMS:
+        return _DIMS[name]
+    if kind in ("List[int]", "Optional[List[int]]") and name in ("dim", "dims"):
+        return [1]
+    if kind == "number":
+        return _scalar(dtype)
+    raise KeyError(f"{kind} {name}")
+
+
+def schema_inputs(label: str, op: torch._ops.OpOverload, dtype: torch.dtype) -> tuple[tuple, dict]:
+    """Arguments for `op` from its schema: every argument without a default gets a value."""
+    if label in INPUT_OVERRIDES:
+        return INPUT_OVERRIDES[label](dtype)
+    args, kwargs = [], {}
+    for argument in op._schema.arguments:
+        if argument.has_default_value():
+            continue
+        value = _argument(label, argument, dtype)
+        if argument.kwarg_only:
+            kwargs[argument.name] = value
+        else:
+            args.append(value)
+    return tuple(args), kwargs
+
+
+class OneOp(torch.nn.Module):
+    """forward(*tensors) = op(args) with the tensors, and the weights, put back where they were."""
+
+    def __init__(self, op, args: tuple, kwargs: dict) -> None:
+        super().__init__()
+        self.op = op
+        leaves, self.spec = pytree.tree_flatten((args, kwargs))
+        is_weight = [isinstance(leaf, torch.nn.Parameter) for leaf in leaves]
+        self.weights = torch.nn.ParameterList(leaf for leaf, w in zip(leaves, is_weight) if w)
+        self.weight_positions = [i for i, w in enumerate(is_weight) if w]
+        self.positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and not is_weight[i]]
+        self.leaves = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        self.example = tuple(leaves[i] for i in self.positions)
+
+    def forward(self, *tensors):
+        leaves = list(self.leaves)
+        for position, tensor in zip(self.positions, tensors):
+            leaves[position] = tensor
+        for position, weight in zip(self.weight_positions, self.weights):
+            leaves[position] = weight
+        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return self.op(*args, **kwargs)
+
+
+def _eager(module: OneOp) -> list[torch.Tensor] | None:
+    """The op's eager outputs, or None when eager does not take these inputs."""
+    try:
+        with torch.no_grad():
+            out = module(*module.example)
+    except Exception:  # noqa: BLE001  any refusal by eager means these inputs are not the op's
+        return None
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def one_op_program(label: str, dtype: torch.dtype) -> OneOp | None:
+    """The one-op module for `label` over `dtype`, or None when eager does not take that dtype."""
+    op = claimed()[label]  # an Edge op (dim_order_ops) runs eagerly and exports as itself
+    torch.manual_seed(0)
+    args, kwargs = schema_inputs(label, op, dtype)
+    module = OneOp(op, args, kwargs).eval()
+    return module if _eager(module) is not None else None
+
+
+# --- the cases ---------------------------------------------------------------------------
+
+
+def _buildable() -> list[str]:
+    return sorted(label for label, target in claimed().items() if not_buildable(label, target) is None)
+
+
+def _first_dtype(label: str) -> torch.dtype:
+    for dtype in FIRST_DTYPES:
+        try:
+            if one_op_program(label, dtype) is not None:
+                return dtype
+        except KeyError:
+            break  # the schema says too little: the test shows which argument
+    return FIRST_DTYPES[0]
+
+
+def _cases() -> list:
+    cases = []
+    for label in _buildable():
+        first = _first_dtype(label)
+        known = [pytest.mark.xfail(reason=DRIVER_BUGS[label], strict=True)] if label in DRIVER_BUGS else []
+        cases.append(pytest.param(label, first, id=f"{label}-{str(first)[6:]}", marks=known))
+        for dtype in MORE_DTYPES:
+            if dtype != first:
+                cases.append(pytest.param(label, dtype, id=f"{label}-{str(dtype)[6:]}", marks=pytest.mark.slow))
+    return cases
+
+
+@pytest.fixture
+def slow_selected(request) -> bool:
+    return "slow" in (request.config.getoption("markexpr") or "")
+
+
+def _compare(outputs: list[torch.Tensor], expected: list[torch.Tensor], dtype: torch.dtype) -> None:
+    assert len(outputs) == len(expected)
+    tolerance = TOLERANCE.get(dtype, 0.0)
+    for out, want in zip(outputs, expected):
+        assert out.shape == want.shape and out.dtype == want.dtype, (out.shape, out.dtype, want.shape, want.dtype)
+        torch.testing.assert_close(out, want, atol=tolerance, rtol=tolerance, equal_nan=True)
+
+
+def _placement_is_explained(label: str, artifact) -> None:
+    """Every op is on MLX or on the CPU with a reason; printed (-s) as the sweep's table row."""
+    rows = artifact.report.placement
+    for row in rows:
+        assert row.where == "MLXBackend" or (row.where == "cpu" and row.reason), row
+    mine = [row for row in rows if row.op == label]
+    where = f"{mine[0].where}: {mine[0].reason}" if mine else "decomposed: " + ", ".join(r.op for r in rows)
+    print(f"\nTABLE {label} | {where[:200]}")
+
+
+@pytest.mark.parametrize(("label", "dtype"), _cases())
+def test_op_lowers_and_matches_eager(label, dtype, request, slow_selected):
+    if request.node.get_closest_marker("slow") and not slow_selected:
+        pytest.skip("more dtypes: run with -m slow")
+    module = one_op_program(label, dtype)
+    if module is None:
+        if dtype in FIRST_DTYPES:
+            pytest.fail(f"eager takes none of {FIRST_DTYPES} for {label}: fix its inputs")
+        pytest.skip(f"eager does not take {dtype} for {label}")
+    expected = _eager(module)
+    if label in NO_VALID_PROGRAM:
+        with pytest.raises(VerificationError, match="no kernel"):
+            compiler.compile(module, module.example, backend="mlx")
+        return
+
+    artifact = compiler.compile(module, module.example, backend="mlx")  # a tagged node must lower
+    _placement_is_explained(label, artifact)
+    if label in REFUSED:
+        rows = [row for row in artifact.report.placement if row.op == label]
+        assert rows and all(row.where == "cpu" and REFUSED[label] in row.reason for row in rows), rows
+    try:
+        outputs = compiler.run(artifact, module.example)
+    except UnsupportedMLXNode as gap:
+        pytest.xfail(f"runner gap: {', '.join(gap.nodes)}")
+    _compare(outputs, expected, dtype)
+
+
+def test_every_claimed_op_is_built_or_listed_with_a_reason():
+    labels = claimed()
+    assert set(NOT_BUILDABLE) <= set(labels), set(NOT_BUILDABLE) - set(labels)  # no stale entries
+    for table in (INPUT_OVERRIDES, REFUSED, NO_VALID_PROGRAM, DRIVER_BUGS):
+        assert set(table) <= set(labels), set(table) - set(labels)
+    for label, target in labels.items():
+        assert not_buildable(label, target) or label in _buildable()
+
+
+class MaxPool(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.max_pool2d(x, 2) * 2.0
+
+
+def test_max_pool_whose_indices_are_unread_stays_on_mlx():
+    x = torch.randn(1, 2, 6, 6)
+    artifact = compiler.compile(MaxPool().eval(), (x,), backend="mlx")
+    assert all(row.where == "MLXBackend" for row in artifact.report.placement)
+    (out,) = compiler.run(artifact, (x,))
+    torch.testing.assert_close(out, MaxPool()(x))
