@@ -88,10 +88,11 @@ def mx_dtype(scalar_type: int):
 
 
 def to_mx(tensor: torch.Tensor) -> mx.array:
+    """Same dtype as the tensor (mx.array alone would make a float64 array float32)."""
     tensor = tensor.detach().contiguous()
     if tensor.dtype == torch.bfloat16:
         return mx.array(tensor.view(torch.uint16).numpy()).view(mx.bfloat16)
-    return mx.array(tensor.numpy())
+    return mx.array(tensor.numpy(), dtype=_TORCH_TO_MX.get(tensor.dtype))
 
 
 def to_torch(array: mx.array) -> torch.Tensor:
@@ -373,9 +374,9 @@ class Interpreter:
         self._reset()
         for (idx, slot_type), value in zip(self.graph.inputs, inputs):
             if slot_type == TENSOR_SLOT:
-                self.tensors[idx] = to_mx(value) if isinstance(value, torch.Tensor) else value
+                self.tensors[idx] = self._input_tensor(idx, value)
             else:
-                self.values[idx] = value.item() if isinstance(value, torch.Tensor) else value
+                self.values[idx] = _input_int(value.item() if isinstance(value, torch.Tensor) else value)
         self.run_chain(self.graph.main_chain)
         outputs = []
         for idx, slot_type in self.graph.outputs:
@@ -384,6 +385,26 @@ class Interpreter:
             else:
                 outputs.append(self.values[idx])
         return outputs
+
+
+    def _input_tensor(self, idx: int, value: Any) -> mx.array:
+        """The runtime (tensor_to_mlx) refuses an input whose dtype is not the one the payload expects."""
+        array = to_mx(value) if isinstance(value, torch.Tensor) else value
+        spec = self.graph.tensor_specs[idx] if idx < len(self.graph.tensor_specs) else None
+        if spec is not None and spec.scalar_type is not None and array.dtype != mx_dtype(spec.scalar_type):
+            raise MLXNodeFailure(
+                f"tensor_to_mlx: dtype mismatch - input tensor slot {idx} has {array.dtype} "
+                f"but the MLX payload expects {mx_dtype(spec.scalar_type)}",
+                hint="pass inputs of the dtypes the program was compiled with",
+            )
+        return array
+
+
+def _input_int(value: Any) -> Any:
+    """The runtime keeps int inputs in int32 and refuses the rest."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**31) <= value < 2**31:
+        raise MLXNodeFailure(f"int input value {value} exceeds int32 range (the MLX runtime refuses it)")
+    return value
 
 
 def _constant(data: bytes, spec: TensorSpec) -> mx.array:

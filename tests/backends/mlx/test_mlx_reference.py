@@ -90,3 +90,15 @@ def test_state_carries_between_runs_like_eager(start, owner):
         torch.testing.assert_close(ours, eager(x))
     (fresh,) = ReferenceExecutor(artifact.pte).run([x])
     torch.testing.assert_close(fresh, (torch.full((4,), start) + x) * 2.0)
+
+
+def test_payload_input_of_another_dtype_is_refused_like_the_runtime(mlp_artifact):
+    """The MLX runtime's tensor_to_mlx refuses an input whose dtype is not the payload's."""
+    artifact, inputs = mlp_artifact
+    executor = ReferenceExecutor(artifact.pte)
+    graph = MLXGraph(bytes(executor.program.backend_delegate_data[0].data))
+    delegate = interpreter.Interpreter(graph, executor.named_data)
+    (ours,) = delegate.execute([inputs[0]])
+    torch.testing.assert_close(ours, compiler.run(artifact, inputs)[0])
+    with pytest.raises(interpreter.MLXNodeFailure, match="dtype mismatch"):
+        delegate.execute([inputs[0].double()])
