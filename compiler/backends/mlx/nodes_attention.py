@@ -10,12 +10,15 @@ from compiler.backends.mlx.interpreter import Interpreter, MLXNodeFailure, Tid, 
 
 @node("SdpaNode")
 def _sdpa(it: Interpreter, f: dict) -> None:
-    """A mask that is neither bool nor q's dtype is cast to q's dtype first, as the runtime does."""
+    """A mask that is neither bool nor q's dtype is cast to q's dtype first, as the
+    runtime does; a mask and `causal` together are refused, as mlx's SDPA refuses them."""
     q = it.t(f["q"])
     mask = it.t(f["mask"])
+    if mask is not None and f["causal"]:
+        raise MLXNodeFailure("scaled_dot_product_attention: no array mask may be passed with mask_mode 'causal'")
     if mask is not None and mask.dtype not in (mx.bool_, q.dtype):
         mask = mask.astype(q.dtype)
-    if mask is None and f["causal"]:
+    if f["causal"]:
         mask = "causal"
     out = mx.fast.scaled_dot_product_attention(q, it.t(f["k"]), it.t(f["v"]), scale=f["scale"], mask=mask)
     it.set(f["out"], out)

@@ -549,3 +549,16 @@ def test_scalar_int_nodes_refuse_int32_overflow_like_the_runtime():
     with pytest.raises(MLXNodeFailure, match="division by zero"):
         _run("FloorDivideIntNode", {"a": 3, "b": Vid(1), "out": Vid(0)}, {}, {1: 0})
     assert _run("FloorDivideIntNode", {"a": -7, "b": 2, "out": Vid(0)}, {}).values[0] == -4
+
+
+def test_sdpa_node_casts_an_additive_mask_and_refuses_mask_with_causal():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float16) for _ in range(3))
+    mask = np.triu(np.full((3, 3), -1e4, np.float32), 1)  # float32 mask, float16 q
+    fields = {"q": Tid(0), "k": Tid(1), "v": Tid(2), "out": Tid(4), "mask": Tid(3), "scale": 0.5, "causal": False}
+    out = _run("SdpaNode", fields, {0: q, 1: k, 2: v, 3: mask}).tensors[4]
+    causal = _run("SdpaNode", {**fields, "mask": None, "causal": True}, {0: q, 1: k, 2: v}).tensors[4]
+    assert out.dtype == mx.float16
+    np.testing.assert_allclose(_np(out.astype(mx.float32)), _np(causal.astype(mx.float32)), atol=2e-3)
+    with pytest.raises(MLXNodeFailure, match="causal"):
+        _run("SdpaNode", {**fields, "causal": True}, {0: q, 1: k, 2: v, 3: mask})
