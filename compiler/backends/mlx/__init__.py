@@ -9,6 +9,8 @@ a backend is built, not when this package is.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.export import ExportedProgram
 
@@ -22,9 +24,23 @@ from compiler.ir.graph import state_not_starting_at_zero
 DELEGATE_ID = "MLXBackend"
 
 
+# "<function _h at 0x..> failed for <EdgeOpOverload: aten.x.default>: schema = ... -> T: why"
+_HANDLER_FAILED = (
+    re.compile(r"<function (\w+) at 0x[0-9a-f]+> failed for <EdgeOpOverload: ([^>]+)>: schema = .*? -> (?:\([^)]*\)|[\w\[\]?]+): (.+)$"),
+    re.compile(r"<function (\w+) at 0x[0-9a-f]+> failed for ([\w.]+): (.+)$"),
+)
+
+
 def _one_line(reason: str) -> str:
-    """ExecuTorch's MLX reasons can hold a handler's whole traceback; keep its first line."""
-    return reason.strip().splitlines()[0] if reason.strip() else reason
+    """ExecuTorch's MLX reasons can hold a handler's whole traceback and the op's schema;
+    keep the first line, and of a handler's failure only which handler refused what and why."""
+    line = reason.strip().splitlines()[0] if reason.strip() else reason
+    for pattern in _HANDLER_FAILED:
+        found = pattern.match(line)
+        if found:
+            handler, op, why = found.groups()
+            return f"{handler} refused {op}: {why}"
+    return line
 
 
 def _keep_initialized_state_on_cpu(program: ExportedProgram) -> None:
