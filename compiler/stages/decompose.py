@@ -9,6 +9,10 @@ torch can decompose (`aten.bucketize.Tensor`, which SigLIP / Idefics3 vision
 embeddings use for their patch positions): left whole, the Edge verifier refuses
 them (`SpecViolationError: ... is not in Core ATen opset`) and no runtime has a
 kernel for them. The table gets torch's decomposition of those the program holds.
+And ExecuTorch's own decomposition of `empty_like` makes `aten.empty_permuted`, which
+is not core ATen and which no table decomposes (stock `to_edge` fails on a rotary
+embedding that fills `torch.empty_like(x)` by slices, as SmolVLA's expert does);
+it becomes `empty` in its physical order, permuted back.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ from compiler.stages.edge_conversion import generate_edge_program
 logger = logging.getLogger(__name__)
 
 
+def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """`aten.empty_permuted` from core ops: `empty` of the sizes in physical order, permuted back."""
+    physical = [size[dim] for dim in physical_layout]
+    empty = torch.ops.aten.empty.memory_format(physical, dtype=dtype, device=device, pin_memory=pin_memory)
+    if list(physical_layout) == list(range(len(size))):
+        return empty
+    return torch.ops.aten.permute.default(empty, [list(physical_layout).index(dim) for dim in range(len(size))])
+
+
+# Decompositions made by ExecuTorch's table into non-core ops that no table decomposes.
+_MADE_BY_DECOMPOSITION = {torch.ops.aten.empty_permuted.default: _empty_permuted}
+
+
 def _is_core(op: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
 
@@ -55,6 +72,9 @@ def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverloa
     }
     for op in added:
         table[op] = _torch_decompositions[op]
+    for op, decomposition in _MADE_BY_DECOMPOSITION.items():
+        if op not in table:
+            table[op] = decomposition
     if added:
         logger.debug("decomposing with torch's table too: %s", sorted(map(str, added)))
     return table

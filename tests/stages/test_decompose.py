@@ -91,3 +91,34 @@ def test_bucketize_is_decomposed_with_torchs_table_and_matches_eager():
     ops = {op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"}
     assert not any("bucketize" in op for op in ops)
     assert torch.equal(compiler.run(artifact, args)[0], model(*args))
+
+
+class RotateHalves(torch.nn.Module):
+    """SmolVLA's expert rotary embedding: `torch.empty_like(x)` filled by slices."""
+
+    def __init__(self, transposed=False):
+        super().__init__()
+        self.transposed = transposed
+
+    def forward(self, x):
+        x = x.transpose(1, 2) if self.transposed else x  # empty_like keeps a transposed layout
+        rotated = torch.empty_like(x)
+        rotated[..., 0::2] = -x[..., 1::2]
+        rotated[..., 1::2] = x[..., 0::2]
+        return rotated
+
+
+def test_stock_to_edge_refuses_the_empty_permuted_its_own_empty_like_decomposition_makes():
+    with torch.no_grad():
+        ep = torch.export.export(RotateHalves(), (torch.randn(2, 4),))
+    with pytest.raises(SpecViolationError, match="empty_permuted.default is not in Core ATen opset"):
+        to_edge(ep)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_empty_like_filled_by_slices_matches_eager(transposed):
+    model, args = RotateHalves(transposed), (torch.randn(2, 4, 4),)
+    artifact = compiler.compile(model, args, "portable")
+    ops = {op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"}
+    assert "aten.empty_permuted.default" not in ops
+    assert torch.equal(compiler.run(artifact, args)[0], model(*args))
