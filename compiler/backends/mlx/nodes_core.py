@@ -185,13 +185,13 @@ def _noop(it: Interpreter, f: dict) -> None:
 
 @node("AddmmNode")
 def _addmm(it: Interpreter, f: dict) -> None:
-    product = it.t(f["mat1"]) @ it.t(f["mat2"])
-    if f["alpha"] != 1.0:
-        product = product * f["alpha"]
-    bias = it.t(f["bias"])
-    if bias is not None:
-        product = product + (bias * f["beta"] if f["beta"] != 1.0 else bias)
-    it.set(f["out"], product)
+    """mlx::addmm(bias, a, b, alpha, beta) with a bias; without one the runtime calls
+    plain matmul, so alpha is not applied."""
+    mat1, mat2, bias = it.t(f["mat1"]), it.t(f["mat2"]), it.t(f["bias"])
+    if bias is None:
+        it.set(f["out"], mx.matmul(mat1, mat2))
+        return
+    it.set(f["out"], mx.addmm(bias, mat1, mat2, alpha=f["alpha"], beta=f["beta"]))
 
 
 @node("GeluNode")

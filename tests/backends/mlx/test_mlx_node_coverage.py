@@ -562,3 +562,14 @@ def test_sdpa_node_casts_an_additive_mask_and_refuses_mask_with_causal():
     np.testing.assert_allclose(_np(out.astype(mx.float32)), _np(causal.astype(mx.float32)), atol=2e-3)
     with pytest.raises(MLXNodeFailure, match="causal"):
         _run("SdpaNode", {**fields, "causal": True}, {0: q, 1: k, 2: v, 3: mask})
+
+
+def test_addmm_node_applies_alpha_only_with_a_bias_like_the_runtime():
+    rng = np.random.default_rng(8)
+    a, b, bias = rng.standard_normal((3, 4)), rng.standard_normal((4, 2)), rng.standard_normal((2,))
+    a, b, bias = (x.astype(np.float32) for x in (a, b, bias))
+    fields = {"mat1": Tid(0), "mat2": Tid(1), "bias": Tid(2), "out": Tid(3), "alpha": 2.0, "beta": 0.5}
+    out = _run("AddmmNode", fields, {0: a, 1: b, 2: bias}).tensors[3]
+    np.testing.assert_allclose(_np(out), 2.0 * (a @ b) + 0.5 * bias, rtol=1e-5, atol=1e-5)
+    plain = _run("AddmmNode", {**fields, "bias": None}, {0: a, 1: b}).tensors[3]
+    np.testing.assert_allclose(_np(plain), a @ b, rtol=1e-5, atol=1e-5)
