@@ -7,12 +7,13 @@ value slots (Vid), instruction chains, the slots that are the payload's
 inputs and outputs, and named slots whose data is in the program's named
 data (the constants). The node tables are read with the FlatBuffer bindings
 generated from that schema, field by field, as `_generated_inspector`
-describes them; each node type then has a small function that does what the MLX runtime
-(`backends/mlx/runtime/MLXInterpreter.h`) does for it. The functions live in
-the `nodes_*` modules by concern and register themselves in the one registry
-here, `NODE_FUNCTIONS`; the node types the reference executor cannot run on
-this machine are listed, each with its reason, in `UNSUPPORTED_NODES`. Any
-other node type without a function fails with `UnsupportedMLXNode` naming it.
+describes them; each node type then has a small function that does what the
+MLX runtime (`backends/mlx/runtime/MLXInterpreter.h`) does for it. The
+functions live in the `nodes_*` modules by concern and register themselves in
+the one registry here, `NODE_FUNCTIONS`; the node types the reference
+executor cannot run on this machine are listed, each with its reason, in
+`UNSUPPORTED_NODES`. Any other node type without a function fails with
+`UnsupportedMLXNode` naming it.
 
 State follows the runtime's `ExecutionState`: constants (which the init chain
 may write) and the delegate's mutable buffers live as long as the
