@@ -97,6 +97,10 @@ class PlannedProgram(AtenProgram):
     keep_whole: KeepWholePlan = attrs.field(factory=KeepWholePlan)
     decomposed: "EdgeProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
+    # From here on, until lowering, constants must own their bytes (the fold stage makes
+    # them so; a captured program may still hold the model's own views).
+    invariants: ClassVar[tuple] = AtenProgram.invariants + (inv.constants_own_their_bytes,)
+
 
 @attrs.frozen
 class EdgeProgram(_ExportedArtifact):
@@ -114,6 +118,7 @@ class EdgeProgram(_ExportedArtifact):
         inv.program_validates,
         inv.edge_ops_only,
         inv.constants_listed_once,
+        inv.constants_own_their_bytes,
     )
 
 
@@ -131,6 +136,7 @@ class PartitionedProgram(_ExportedArtifact):
         inv.program_validates,
         inv.edge_ops_only,
         inv.constants_listed_once,
+        inv.constants_own_their_bytes,
         inv.mutable_buffers_not_split,
         inv.delegate_inputs_have_supported_dtypes,
         inv.cpu_ops_have_kernels,

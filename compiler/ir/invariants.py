@@ -11,6 +11,7 @@ import collections
 from typing import Any, Callable
 
 import attrs
+import torch
 
 from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
 from compiler.ir.errors import VerificationError
@@ -103,6 +104,46 @@ def constants_listed_once(artifact) -> Violation | None:
     ]
     if missing:
         return Violation("graph signature names constants that hold no data", tuple(missing))
+    return None
+
+
+def owns_its_bytes(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is all of its storage: not a view into a larger one.
+
+    Delegates serialize a constant's storage from its start (XNNPACK's
+    `get_serialized_buffer_index` reads `untyped_storage()`), so a slice `p[2:10]`
+    would be read as `p[0:8]`. The layout may still be any dense one (a transposed
+    parameter is fine: its placeholder carries the strides, the Edge program its dim order).
+    """
+    return tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+
+
+def _plain_tensor(value: Any) -> bool:
+    """Tensors whose bytes are their storage (not quantized wrappers or script objects)."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter)
+
+
+@invariant(
+    "a stage stored a view as a constant: store `value.clone(memory_format=torch.contiguous_format)` "
+    "(the fold stage does this for the folded constants and for the model's own)"
+)
+def constants_own_their_bytes(artifact) -> Violation | None:
+    ep = artifact.program
+    bad = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind not in CONSTANT_INPUT_KINDS:
+            continue
+        value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+        if _plain_tensor(value) and not owns_its_bytes(value):
+            bad.append(
+                f"{spec.target} ({value.numel() * value.element_size()} bytes at element offset "
+                f"{value.storage_offset()} of a {value.untyped_storage().nbytes()}-byte storage)"
+            )
+    if bad:
+        return Violation(
+            "constants are views into a larger storage; a delegate would serialize the wrong bytes",
+            tuple(bad),
+        )
     return None
 
 

@@ -9,6 +9,15 @@ ATen program then fails its verifier), and the ops never folded (stock's skip
 list holds only Edge ops, so on an ATen program it folds `full` into a large
 constant). Indexing by a constant boolean mask becomes indexing by the mask's
 integer positions, so the output shape is static.
+
+Every constant the stage hands on owns its bytes: a folded `p[2:10]` is a view
+into `p`'s storage, and delegates serialize a constant's storage from its start
+(XNNPACK read `p[0:8]`: silently wrong). Folded constants are stored as their own
+contiguous copies, and the model's own parameters and buffers that are views
+(`register_buffer("lo", table[:8])`) get their own storage too. A value that the
+program writes in place (`y = w * 2; y[0] = x`) is not folded: as a constant it
+would be mutated (stock: "Constant ... is mutated in the forward method"), and
+as a buffer the write would outlive the call.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, mutated_buffer_targets
+from compiler.ir.invariants import owns_its_bytes
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -86,29 +96,115 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _written_in_place(node: torch.fx.Node) -> bool:
-    """Whether an op writes into `node` (training-IR programs keep in-place ops like add_)."""
-    for user in node.users:
-        schema = getattr(user.target, "_schema", None)
-        if schema is None:
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    """What identifies `tensor`'s storage (None for an empty one: nothing to share)."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() else None
+
+
+def _plain(value: Any) -> bool:
+    """Tensors whose bytes are their storage (not quantized wrappers or script objects)."""
+    return type(value) in (torch.Tensor, torch.nn.Parameter)
+
+
+def _stored_constant(value: torch.Tensor, taken: set[int]) -> torch.Tensor:
+    """`value` as a folded constant may be stored: its own contiguous bytes, not a view into
+    (or an alias of) another constant's storage, no zero strides (ExecuTorch cannot hold them)."""
+    value = value.detach()
+    if not _plain(value):  # a tensor subclass (quantized weights) flattens into its own tensors
+        return value.contiguous()
+    if (
+        value.is_contiguous()
+        and owns_its_bytes(value)
+        and 0 not in value.stride()
+        and _storage_key(value) not in taken
+    ):
+        return value
+    return value.clone(memory_format=torch.contiguous_format)
+
+
+def _model_views(ep: ExportedProgram) -> list[tuple[dict, str]]:
+    """(store, target) of each parameter, buffer or constant of the model that is a view."""
+    found = []
+    for spec in ep.graph_signature.input_specs:
+        store = ep.state_dict if spec.target in ep.state_dict else ep.constants
+        value = store.get(spec.target)
+        if _plain(value) and not owns_its_bytes(value):
+            found.append((store, spec.target))
+    return found
+
+
+def own_model_constants(ep: ExportedProgram) -> list[str]:
+    """Give the model's own constants that are views (`register_buffer("lo", table[:8])`)
+    their own storage, in place; returns their targets. The layout stays (a transposed
+    parameter owns its bytes, and its placeholder says how they are laid out)."""
+    views = _model_views(ep)
+    for store, target in views:
+        value = store[target]
+        copy = value.detach().clone()
+        if isinstance(value, torch.nn.Parameter):
+            copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
+        store[target] = copy
+    if views:
+        logger.info("fold: %d model constants were views; each now owns its storage", len(views))
+    return [target for _, target in views]
+
+
+# In-place by schema, but they change no data (`x[torch.tensor([1])] = v` detaches its index).
+_METADATA_WRITES = frozenset([aten.detach_.default])
+
+
+def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes an op writes into (training-IR programs keep in-place ops like add_, copy_)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None or node.target in _METADATA_WRITES:
+        return []
+    written = []
+    for index, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
             continue
-        for argument, value in zip(schema.arguments, user.args):
-            if value is node and argument.alias_info is not None and argument.alias_info.is_write:
-                return True
-        for argument in schema.arguments:
-            if user.kwargs.get(argument.name) is node and argument.alias_info and argument.alias_info.is_write:
-                return True
-    return False
+        value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+        written += [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.fx.Node)]
+    return written
+
+
+def _aliased(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node whose data `node` is a view of (`select`, `slice`, `t`, `view`..., the items
+    of `split` or `unbind`) or, for an in-place op, the node it wrote and returns."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    if node.target is operator.getitem:
+        return node.args[0] if _aliased(node.args[0]) is not None else None
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+        return None
+    return node.args[0]
+
+
+def written_in_place(ep: ExportedProgram) -> set[torch.fx.Node]:
+    """Nodes whose data some op writes in place, directly or through a view (`y[0] = x`
+    writes `y` through `select`): the written base and every alias of it."""
+    written = set()
+    for node in ep.graph.nodes:
+        for target in _written_arguments(node):
+            while target is not None:
+                written.add(target)
+                target = _aliased(target)
+    for node in ep.graph.nodes:  # every alias of written data sees the writes
+        if _aliased(node) in written:
+            written.add(node)
+    return written
 
 
 def constant_inputs(ep: ExportedProgram) -> dict[torch.fx.Node, torch.Tensor]:
     """Placeholder -> value, for parameters, never-mutated buffers and lifted constants."""
     mutated = mutated_buffer_targets(ep)
+    written = written_in_place(ep)
     values: dict[torch.fx.Node, torch.Tensor] = {}
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     for spec in ep.graph_signature.input_specs:
         node = placeholders.get(spec.arg.name)
-        if node is None or spec.target in mutated or _written_in_place(node):
+        if node is None or spec.target in mutated or node in written:
             continue
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in ep.state_dict:
             values[node] = ep.state_dict[spec.target]
@@ -145,22 +241,20 @@ def _evaluate(ep: ExportedProgram, skip: frozenset, compute: bool = True) -> dic
     """Every node whose value is known before the program runs -> that value
     (with `compute=False`, only which nodes those are; values are not computed)."""
     known: dict[torch.fx.Node, Any] = dict(constant_inputs(ep))
+    written = written_in_place(ep)
     for node in ep.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
             if compute:
                 logger.warning("fold: not folding inside control flow (%s)", node.name)
             continue
-        if not _foldable(node, skip) or not _all_constant((node.args, node.kwargs), known):
+        if node in written or not _foldable(node, skip) or not _all_constant((node.args, node.kwargs), known):
             continue
         if not compute:
             known[node] = node.meta.get("val")
             continue
         args, kwargs = pytree.tree_map_only(torch.fx.Node, known.__getitem__, (node.args, node.kwargs))
         with torch.no_grad():
-            value = node.target(*args, **kwargs)
-        if isinstance(value, torch.Tensor) and 0 in value.stride():
-            value = value.contiguous()  # ExecuTorch cannot hold zero-stride (expanded) data
-        known[node] = value
+            known[node] = node.target(*args, **kwargs)
     return known
 
 
@@ -175,6 +269,9 @@ class _Constants:
         self.created = 0
         self.bytes_added = 0
         self.bytes_removed = 0
+        self.storages = {  # of every constant, so no folded one aliases another
+            _storage_key(v) for v in list(ep.state_dict.values()) + list(ep.constants.values()) if _plain(v)
+        } - {None}
 
     def _insert_point(self) -> tuple[torch.fx.Node | None, int]:
         specs = self.ep.graph_signature.input_specs
@@ -187,7 +284,8 @@ class _Constants:
 
     def add(self, value: torch.Tensor, like: torch.fx.Node | None = None) -> torch.fx.Node:
         name = self._fresh_name()
-        value = value.detach().contiguous() if not value.is_contiguous() else value.detach()
+        value = _stored_constant(value, self.storages)
+        self.storages |= {_storage_key(value)} - {None}
         self.ep.constants[name] = value
         before, index = self._insert_point()
         with self.ep.graph.inserting_before(before):
@@ -383,10 +481,17 @@ class Fold(Stage):
         given = frozenset(resolve_op(op) for op in getattr(ctx.options, "fold_skip_ops", ()))
         replace = getattr(ctx.options, "fold_replace_skip_ops", False)
         skip = given if replace else default_skip_ops(ATEN) | given
-        if not needs_folding(program.program, skip):
+        folding = needs_folding(program.program, skip)
+        if not folding and not _model_views(program.program):
             ctx.metrics["folded"] = 0
             return program
         ep = copy_program(program.program)
+        owned = own_model_constants(ep)
+        if owned:
+            ctx.metrics["views_owned"] = len(owned)
+        if not folding:
+            ctx.metrics["folded"] = 0
+            return AtenProgram(ep)
         result = fold_constants(ep, ATEN, skip)
         ctx.metrics.update(
             folded=result.nodes_folded,

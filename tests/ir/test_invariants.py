@@ -11,7 +11,15 @@ from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 import compiler
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.ir import invariants as inv
-from compiler.ir.artifacts import AtenProgram, EdgeProgram, ExecutorchProgram, PartitionedProgram
+from compiler.ir.artifacts import (
+    AtenProgram,
+    EdgeProgram,
+    ExecutorchProgram,
+    PartitionedProgram,
+    PlannedProgram,
+    SplitProgram,
+)
+from compiler.instruments import VerifyEach
 from compiler.ir.errors import VerificationError
 from compiler.ir.placement import PlacementPlan
 from executorch.exir.dialects._ops import ops as exir_ops
@@ -198,3 +206,63 @@ def test_delegate_reading_refused_dtype_is_refused():
         inv.delegate_inputs_have_supported_dtypes.verify(artifact, "partition")
     assert any("reads frame (uint8)" in n for n in err.value.nodes)
     inv.delegate_inputs_have_supported_dtypes.verify(attrs.evolve(artifact, refused_input_dtypes=frozenset()))
+
+
+def _with_constant(artifact, target, value):
+    ep = artifact.program
+    store = ep.state_dict if target in ep.state_dict else ep.constants
+    store[target] = value
+    return artifact
+
+
+def test_a_constant_that_is_a_view_is_refused_by_name():
+    artifact = edge_program()
+    inv.constants_own_their_bytes.verify(artifact, "decompose")
+    table = artifact.program.state_dict["table"]
+    larger = torch.cat([torch.zeros(2, 3), table])  # the same values, 6 elements into a larger storage
+    _with_constant(artifact, "table", larger[2:])
+    with pytest.raises(VerificationError) as err:
+        inv.constants_own_their_bytes.verify(artifact, "decompose")
+    assert err.value.invariant == "constants_own_their_bytes"
+    assert err.value.nodes == ("table (24 bytes at element offset 6 of a 48-byte storage)",)
+    _with_constant(artifact, "table", larger[:2])  # at offset 0, but still not all of its storage
+    with pytest.raises(VerificationError, match="constants_own_their_bytes"):
+        inv.constants_own_their_bytes.verify(artifact, "decompose")
+
+
+def test_tied_and_transposed_constants_own_their_bytes():
+    artifact = edge_program()
+    table = artifact.program.state_dict["table"]
+    _with_constant(artifact, "table", torch.arange(6.0).reshape(3, 2).t())  # another layout, all its storage
+    inv.constants_own_their_bytes.verify(artifact, "decompose")
+    artifact.program.state_dict["tied"] = table  # the same tensor under two names (tied weights)
+    inv.constants_own_their_bytes.verify(artifact, "decompose")
+
+
+def test_every_program_from_fold_to_lowering_checks_constants_own_their_bytes():
+    # Not the captured program: a model's own buffers may be views; the fold stage gives them storage.
+    assert inv.constants_own_their_bytes not in AtenProgram.invariants
+    for artifact_type in (PlannedProgram, EdgeProgram, PartitionedProgram, SplitProgram):
+        assert inv.constants_own_their_bytes in artifact_type.invariants, artifact_type
+
+
+class SlicedTable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rows", torch.randn(16, 8)[2:10])  # the model's own view
+
+    def forward(self, x):
+        return x @ self.rows
+
+
+def test_a_view_reaching_the_dry_run_fails_verification():
+    with torch.no_grad():
+        captured = AtenProgram(torch.export.export(SlicedTable(), (torch.randn(4, 8),)))
+    verify = VerifyEach()
+    verify.after_stage("capture", None, captured)  # the model's own view is allowed here ...
+    with pytest.raises(VerificationError) as err:  # ... but not once the fold stage should have run
+        verify.after_stage("dry_run", captured, PlannedProgram(captured.program))
+    assert err.value.invariant == "constants_own_their_bytes" and err.value.stage == "dry_run"
+    assert err.value.nodes[0].startswith("rows ")
+    artifact = compiler.compile(SlicedTable(), (torch.randn(4, 8),), "xnnpack", stop_after="dry_run")
+    assert artifact.program.state_dict["rows"].storage_offset() == 0

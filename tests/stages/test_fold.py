@@ -219,3 +219,147 @@ def test_nothing_to_fold_returns_the_input_unchanged():
     model = torch.nn.Linear(4, 4)
     program = AtenProgram(export(model, (torch.randn(2, 4),)))
     assert Fold().run(program, StageContext(backend=None)) is program
+
+
+class SlicedWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        return x @ self.p[2:10]  # folds to a view 16 rows into p's storage
+
+
+class TransposedSlice(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 16))
+
+    def forward(self, x):
+        return x @ self.w.t()[2:10]
+
+
+class TransposedRows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        return x @ self.w.t()[:, 2:10].t()  # contiguous, but 16 elements into w's storage
+
+
+class ViewBuffers(torch.nn.Module):
+    """The model's own buffers are views into one table (as a rotary cache slice would be)."""
+
+    def __init__(self):
+        super().__init__()
+        table = torch.randn(16, 8)
+        self.register_buffer("low", table[:8])
+        self.register_buffer("high", table[8:])
+
+    def forward(self, x):
+        return x @ self.low + x @ self.high
+
+
+@pytest.mark.parametrize("backend", ["xnnpack", "portable"])
+@pytest.mark.parametrize("model_type", [SlicedWeight, TransposedSlice, TransposedRows, ViewBuffers])
+def test_constants_that_were_views_give_the_eager_result(model_type, backend):
+    torch.manual_seed(0)
+    model, x = model_type().eval(), torch.randn(4, 8)
+    artifact = compiler.compile(model, (x,), backend=backend, reproducer=False)
+    (out,) = compiler.run(artifact, (x,))
+    torch.testing.assert_close(out, model(x), atol=1e-5, rtol=1e-5)
+
+
+def _same_storage(a, b):
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _owns_its_bytes(tensor):
+    return (
+        tensor.storage_offset() == 0
+        and tensor.is_contiguous()
+        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
+
+
+def test_folded_constants_own_their_bytes():
+    for model_type in (SlicedWeight, TransposedRows):
+        model = model_type()
+        folded, _ = fold(export(model, (torch.randn(4, 8),)))
+        (constant,) = folded.constants.values()
+        assert _owns_its_bytes(constant)
+        assert not _same_storage(constant, next(iter(model.parameters())))
+
+
+class Alias(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return x @ self.p + x @ self.p.view(8, 8)  # the folded view is all of p's storage
+
+
+def test_a_folded_alias_of_a_parameter_gets_its_own_storage():
+    folded, _ = fold(export(Alias(), (torch.randn(4, 8),)))
+    (constant,) = folded.constants.values()
+    assert not _same_storage(constant, folded.state_dict["p"])
+    torch.testing.assert_close(constant, folded.state_dict["p"])
+
+
+class TransposedParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 16).t())  # owns its bytes, in another layout
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def test_model_views_get_their_own_storage_and_keep_their_layout():
+    program = AtenProgram(export(ViewBuffers(), (torch.randn(4, 8),)))
+    assert not _owns_its_bytes(program.program.state_dict["high"])  # as captured
+    ctx = StageContext(backend=None)
+    folded = Fold().run(program, ctx).program
+    assert ctx.metrics["views_owned"] == 2 and ctx.metrics["folded"] == 0
+    for name in ("low", "high"):
+        assert _owns_its_bytes(folded.state_dict[name])
+        torch.testing.assert_close(folded.state_dict[name], program.program.state_dict[name])
+    assert not _owns_its_bytes(program.program.state_dict["high"])  # the input is left as it was
+
+    transposed = AtenProgram(export(TransposedParameter(), (torch.randn(4, 16),)))
+    assert Fold().run(transposed, StageContext(backend=None)) is transposed  # a layout is not a view
+
+
+class WrittenAfterFolding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("table", torch.randn(4, 4))
+
+    def forward(self, x):
+        y = self.w * 2  # foldable, but then written through a view
+        y[0] = x[0]
+        z = self.table.clone()  # foldable, but then written by index_put_
+        z.index_put_((torch.tensor([1]),), x[1:2])
+        rows = (self.table * 5).unbind(0)  # written through an item of unbind
+        rows[2].mul_(x[2])
+        return y * 3 + 1, z + 1, torch.stack(rows) - 1
+
+
+def test_a_value_written_in_place_is_not_folded():
+    model, x = WrittenAfterFolding().eval(), torch.randn(4, 4)
+    folded, _ = fold(export(model, (x,)))
+    ops = ops_of(folded)
+    assert ops.count("aten.mul.Tensor") == 3  # w * 2 and table * 5 stay ops (their data is written), y * 3
+    assert "aten.clone.default" in ops and "aten.unbind.int" in ops
+    folded_constants = [c for name, c in folded.constants.items() if name.startswith("_folded")]
+    assert [c.dtype for c in folded_constants] == [torch.int64]  # only the index tensor
+    artifact = compiler.compile(model, (x,), backend="portable", reproducer=False)
+    for _ in range(2):  # the writes do not outlive a call
+        for out, want in zip(compiler.run(artifact, (x,)), model(x)):
+            torch.testing.assert_close(out, want)
+    x2 = torch.randn(4, 4)
+    for out, want in zip(compiler.run(artifact, (x2,)), model(x2)):
+        torch.testing.assert_close(out, want)
