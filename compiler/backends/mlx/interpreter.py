@@ -426,7 +426,8 @@ NODE_FUNCTIONS: dict[str, NodeFunction] = {}
 # Node types of the schema the reference executor refuses on purpose, each with why.
 UNSUPPORTED_NODES: dict[str, str] = {
     "MetalKernelNode": "it runs a custom Metal kernel (Metal source in the payload), "
-    "which needs an Apple GPU; the reference executor runs on the CPU",
+    "which needs an Apple GPU; the reference executor runs on the CPU (the stock MLX "
+    "runtime, too, runs it only when built with ET_MLX_ALLOW_CUSTOM_KERNEL_EXECUTION)",
 }
 
 

@@ -573,3 +573,55 @@ def test_addmm_node_applies_alpha_only_with_a_bias_like_the_runtime():
     np.testing.assert_allclose(_np(out), 2.0 * (a @ b) + 0.5 * bias, rtol=1e-5, atol=1e-5)
     plain = _run("AddmmNode", {**fields, "bias": None}, {0: a, 1: b}).tensors[3]
     np.testing.assert_allclose(_np(plain), a @ b, rtol=1e-5, atol=1e-5)
+
+
+class _GatedDeltaRule(torch.nn.Module):
+    """ExecuTorch's mlx::gated_delta_rule: a recurrence over T whose state is a buffer
+    updated in place (starting at zero, so the delegate owns it)."""
+
+    def __init__(self, use_custom_kernel: bool):
+        super().__init__()
+        self.use_custom_kernel = use_custom_kernel
+        self.register_buffer("state", torch.zeros(1, 2, 4, 32))
+
+    def forward(self, q, k, v, g, beta):
+        return torch.ops.mlx.gated_delta_rule(q, k, v, g, beta, self.state, use_custom_kernel=self.use_custom_kernel)
+
+
+def _gated_delta_inputs():
+    torch.manual_seed(0)
+    b, t, h, dk, dv = 1, 5, 2, 32, 4
+    return (
+        torch.randn(b, t, h, dk) * 0.2,
+        torch.randn(b, t, h, dk) * 0.2,
+        torch.randn(b, t, h, dv),
+        torch.rand(b, t, h),
+        torch.rand(b, t, h),
+    )
+
+
+def test_scan_node_end_to_end_with_state_across_calls():
+    """Without the custom kernel the handler lowers the recurrence to a ScanNode whose
+    body reads and writes the carried state; the state then carries to the next call."""
+    import executorch.backends.mlx.custom_kernel_ops.gated_delta_rule  # noqa: F401
+
+    inputs = _gated_delta_inputs()
+    eager = _GatedDeltaRule(use_custom_kernel=False)
+    artifact = compiler.compile(copy.deepcopy(eager), inputs, backend="mlx")
+    assert "ScanNode" in _payload_kinds(artifact)
+    executor = ReferenceExecutor(artifact.pte)
+    first, second = executor.run(list(inputs))[0], executor.run(list(inputs))[0]
+    torch.testing.assert_close(first, eager(*inputs), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(second, eager(*inputs), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(first, second)
+
+
+def test_metal_kernel_payload_fails_with_the_named_reason():
+    import executorch.backends.mlx.custom_kernel_ops.gated_delta_rule  # noqa: F401
+
+    inputs = _gated_delta_inputs()
+    artifact = compiler.compile(_GatedDeltaRule(use_custom_kernel=True), inputs, backend="mlx")
+    assert "MetalKernelNode" in _payload_kinds(artifact)
+    with pytest.raises(UnsupportedMLXNode, match="limit of the reference executor") as err:
+        compiler.run(artifact, inputs)
+    assert err.value.nodes == ("MetalKernelNode",)
