@@ -625,3 +625,44 @@ def test_metal_kernel_payload_fails_with_the_named_reason():
     with pytest.raises(UnsupportedMLXNode, match="limit of the reference executor") as err:
         compiler.run(artifact, inputs)
     assert err.value.nodes == ("MetalKernelNode",)
+
+
+def _stock_mlx_pte(model, inputs) -> bytes:
+    """ExecuTorch's own lowering (to_edge_transform_and_lower + MLXPartitioner): the
+    driver's fold stage cannot take TorchAO-quantized models yet, and the payload
+    is what matters here."""
+    ensure_generated()
+    from executorch.backends.mlx.partitioner import MLXPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    exported = torch.export.export(model, inputs)
+    return to_edge_transform_and_lower(exported, partitioner=[MLXPartitioner()]).to_executorch().buffer
+
+
+def _torchao_int4(model, only=None):
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_api import IntxWeightOnlyConfig, quantize_
+
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)), only)
+    return model
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [("linear", "QuantizedMatmulNode"), ("conv", "DequantizeNode")],
+)
+def test_torchao_int4_payloads_match_eager(name, kind):
+    """A quantized linear fuses into QuantizedMatmulNode; a quantized conv weight is a
+    standalone dequantize_affine, a DequantizeNode feeding Conv2DNode."""
+    torch.manual_seed(0)
+    if name == "linear":
+        model, x = _torchao_int4(torch.nn.Sequential(torch.nn.Linear(64, 16)).eval()), torch.randn(3, 64)
+    else:
+        conv = torch.nn.Sequential(torch.nn.Conv2d(32, 8, 3)).eval()
+        model, x = _torchao_int4(conv, lambda m, fqn: isinstance(m, torch.nn.Conv2d)), torch.randn(1, 32, 6, 6)
+    executor = ReferenceExecutor(_stock_mlx_pte(model, (x,)))
+    kinds = set().union(*(MLXGraph(bytes(d.data)).node_kinds() for d in executor.program.backend_delegate_data))
+    assert kind in kinds
+    (ours,) = executor.run([x])
+    with torch.no_grad():
+        torch.testing.assert_close(ours, model(x), atol=1e-5, rtol=1e-5)
