@@ -118,7 +118,7 @@ def owns_its_bytes(tensor: torch.Tensor) -> bool:
     return tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
 
 
-def _plain_tensor(value: Any) -> bool:
+def plain_tensor(value: Any) -> bool:
     """Tensors whose bytes are their storage (not quantized wrappers or script objects)."""
     return type(value) in (torch.Tensor, torch.nn.Parameter)
 
@@ -134,7 +134,7 @@ def constants_own_their_bytes(artifact) -> Violation | None:
         if spec.kind not in CONSTANT_INPUT_KINDS:
             continue
         value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
-        if _plain_tensor(value) and not owns_its_bytes(value):
+        if plain_tensor(value) and not owns_its_bytes(value):
             bad.append(
                 f"{spec.target} ({value.numel() * value.element_size()} bytes at element offset "
                 f"{value.storage_offset()} of a {value.untyped_storage().nbytes()}-byte storage)"

@@ -43,7 +43,7 @@ from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, mutated_buffer_targets
-from compiler.ir.invariants import owns_its_bytes
+from compiler.ir.invariants import owns_its_bytes, plain_tensor
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -102,16 +102,11 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
     return storage.data_ptr() if storage.nbytes() else None
 
 
-def _plain(value: Any) -> bool:
-    """Tensors whose bytes are their storage (not quantized wrappers or script objects)."""
-    return type(value) in (torch.Tensor, torch.nn.Parameter)
-
-
 def _stored_constant(value: torch.Tensor, taken: set[int]) -> torch.Tensor:
     """`value` as a folded constant may be stored: its own contiguous bytes, not a view into
     (or an alias of) another constant's storage, no zero strides (ExecuTorch cannot hold them)."""
     value = value.detach()
-    if not _plain(value):  # a tensor subclass (quantized weights) flattens into its own tensors
+    if not plain_tensor(value):  # a tensor subclass (quantized weights) flattens into its own tensors
         return value.contiguous()
     if (
         value.is_contiguous()
@@ -129,7 +124,7 @@ def _model_views(ep: ExportedProgram) -> list[tuple[dict, str]]:
     for spec in ep.graph_signature.input_specs:
         store = ep.state_dict if spec.target in ep.state_dict else ep.constants
         value = store.get(spec.target)
-        if _plain(value) and not owns_its_bytes(value):
+        if plain_tensor(value) and not owns_its_bytes(value):
             found.append((store, spec.target))
     return found
 
@@ -270,7 +265,7 @@ class _Constants:
         self.bytes_added = 0
         self.bytes_removed = 0
         self.storages = {  # of every constant, so no folded one aliases another
-            _storage_key(v) for v in list(ep.state_dict.values()) + list(ep.constants.values()) if _plain(v)
+            _storage_key(v) for v in list(ep.state_dict.values()) + list(ep.constants.values()) if plain_tensor(v)
         } - {None}
 
     def _insert_point(self) -> tuple[torch.fx.Node | None, int]:
