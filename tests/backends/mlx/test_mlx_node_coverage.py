@@ -666,3 +666,31 @@ def test_torchao_int4_payloads_match_eager(name, kind):
     (ours,) = executor.run([x])
     with torch.no_grad():
         torch.testing.assert_close(ours, model(x), atol=1e-5, rtol=1e-5)
+
+
+class _Sample(torch.nn.Module):
+    def forward(self, logits, temperature, top_k, top_p, seed):
+        return torch.ops.mlx.sample(logits, temperature, top_k, top_p, seed)
+
+
+def test_seeded_sampling_draws_the_gumbel_noise_mlx_draws():
+    """mlx::sample lowers to RandomBitsNode keyed by the seed, then uniform -> gumbel ->
+    argmax; the token must be argmax(logits / T + mx.random.gumbel(key(seed))). The
+    eager op uses torch's RNG, so only greedy (T = 0, the IfNode's other branch) matches it."""
+    import executorch.backends.mlx.custom_ops  # noqa: F401
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+
+    def inputs(temperature, seed):
+        return [logits, torch.tensor(temperature), torch.tensor(50), torch.tensor(1.0), torch.tensor(seed)]
+
+    artifact = compiler.compile(_Sample(), tuple(inputs(0.7, 123)), backend="mlx")
+    assert {"RandomBitsNode", "IfNode"} <= _payload_kinds(artifact)
+    executor = ReferenceExecutor(artifact.pte)
+    for seed in (123, 5):
+        (tokens,) = executor.run(inputs(0.7, seed))
+        gumbel = _np(mx.random.gumbel(shape=(3, 50), key=mx.random.key(seed)))
+        np.testing.assert_array_equal(tokens.numpy(), np.argmax(logits.numpy() / 0.7 + gumbel, axis=-1))
+    (greedy,) = executor.run(inputs(0.0, 1))
+    torch.testing.assert_close(greedy, _Sample()(*inputs(0.0, 1)))
