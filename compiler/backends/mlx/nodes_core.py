@@ -226,8 +226,12 @@ def _reshape(it: Interpreter, f: dict) -> None:
 
 @node("BroadcastToNode")
 def _broadcast_to(it: Interpreter, f: dict) -> None:
+    """A -1 keeps the input's dimension, aligned from the right; on a new leading
+    dimension it stays -1 and mlx refuses it, as on the device."""
     x = it.t(f["x"])
-    shape = [x.shape[i - (len(f["shape"]) - x.ndim)] if s == -1 else s for i, s in enumerate(it.vs(f["shape"]))]
+    shape = it.vs(f["shape"])
+    offset = len(shape) - x.ndim
+    shape = [x.shape[i - offset] if s == -1 and 0 <= i - offset < x.ndim else s for i, s in enumerate(shape)]
     it.set(f["out"], mx.broadcast_to(x, shape))
 
 

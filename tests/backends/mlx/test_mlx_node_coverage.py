@@ -694,3 +694,11 @@ def test_seeded_sampling_draws_the_gumbel_noise_mlx_draws():
         np.testing.assert_array_equal(tokens.numpy(), np.argmax(logits.numpy() / 0.7 + gumbel, axis=-1))
     (greedy,) = executor.run(inputs(0.0, 1))
     torch.testing.assert_close(greedy, _Sample()(*inputs(0.0, 1)))
+
+
+def test_broadcast_to_node_keeps_dims_for_minus_one_from_the_right():
+    x = np.arange(3, dtype=np.float32).reshape(3, 1)
+    out = _run("BroadcastToNode", {"x": Tid(0), "out": Tid(1), "shape": [2, -1, 4]}, {0: x}).tensors[1]
+    np.testing.assert_array_equal(_np(out), np.broadcast_to(x, (2, 3, 4)))
+    with pytest.raises(ValueError):  # -1 on a new leading dimension: mlx refuses it
+        _run("BroadcastToNode", {"x": Tid(0), "out": Tid(1), "shape": [-1, 3, 4]}, {0: x})
