@@ -24,6 +24,7 @@ import coremltools as ct
 import torch
 from executorch.backends.apple.coreml.partition import coreml_partitioner as stock
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.ir.dialect import op_name
 
@@ -262,6 +263,27 @@ def rank_above_five(node, ctx) -> Optional[str]:
             "are rewritten to fit)"
         )
     return None
+
+
+
+def _data_dependent_scalars(node: torch.fx.Node) -> list[str]:
+    """The symbols of the scalars read from tensors at run time (`u0`, `zuf0`: `.item()`,
+    `_local_scalar_dense`) that `node` makes or reads."""
+    values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+    symbolic = [v for v in values if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))]
+    return sorted({str(s) for v in symbolic for s in free_unbacked_symbols(v)})
+
+
+@node_rule()
+def scalar_read_at_run_time(node, ctx) -> Optional[str]:
+    symbols = _data_dependent_scalars(node)
+    if not symbols:
+        return None
+    return (
+        f"makes or reads {', '.join(symbols)}, a scalar read from a tensor at run time: coremltools "
+        "converts _local_scalar_dense as a no-op that leaves a tensor where a scalar is expected "
+        "(slice: 'concat op should share the same data type'), and Core ML gives no scalar outputs"
+    )
 
 
 # --- partition rules -----------------------------------------------------------------

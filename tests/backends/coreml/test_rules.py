@@ -192,3 +192,30 @@ def test_rank_above_five_runs_on_cpu():
     reasons = cpu_reasons(artifact)
     assert reasons and all("rank 6" in r for r in reasons.values())
     assert "aten.add.Tensor" in delegated_ops(artifact)
+
+
+class FirstPositives(nn.Module):
+    """A count read with .item() slices a tensor: a scalar known only at run time."""
+
+    def forward(self, x, y):
+        n = (x > 0).sum().item()
+        torch._check(n >= 0)
+        torch._check(n <= y.shape[0])
+        return y[:n] * 2
+
+
+def _first_positives_inputs():
+    return torch.tensor([1.0, -1.0, 2.0, 3.0, -2.0, 0.5]), torch.randn(6, 3)
+
+
+def test_stock_fails_on_a_slice_to_a_count_read_at_run_time():
+    assert "should share the same data type" in stock_error(FirstPositives(), _first_positives_inputs())
+
+
+def test_scalars_read_at_run_time_stay_on_cpu():
+    artifact = compile_coreml(FirstPositives(), _first_positives_inputs())
+    ops, reasons = cpu_ops(artifact), cpu_reasons(artifact)
+    on_cpu = {ops[n]: reasons[n] for n in ops}
+    for op in ("aten._local_scalar_dense.default", "aten.slice_copy.Tensor"):
+        assert "a scalar read from a tensor at run time" in on_cpu[op]
+    assert "aten.mul.Tensor" in delegated_ops(artifact) and "aten.sum.default" in delegated_ops(artifact)
