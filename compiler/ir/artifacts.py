@@ -65,6 +65,7 @@ class AtenProgram(_ExportedArtifact):
         inv.program_validates,
         inv.aten_ops_only,
         inv.constants_listed_once,
+        inv.constants_own_their_bytes,
     )
 
 
@@ -96,10 +97,6 @@ class PlannedProgram(AtenProgram):
 
     keep_whole: KeepWholePlan = attrs.field(factory=KeepWholePlan)
     decomposed: "EdgeProgram | None" = attrs.field(default=None, eq=False, repr=False)
-
-    # From here on, until lowering, constants must own their bytes (the fold stage makes
-    # them so; a captured program may still hold the model's own views).
-    invariants: ClassVar[tuple] = AtenProgram.invariants + (inv.constants_own_their_bytes,)
 
 
 @attrs.frozen

@@ -3,15 +3,47 @@
 Export runs under `torch.no_grad()`: otherwise methods decorated with
 `@torch.no_grad` (common in policy code) become `wrap_with_set_grad_enabled`
 submodules that no backend takes.
+
+The model's own parameters and buffers that are views into a larger storage
+(`register_buffer("low", table[:8])`) get their own storage here: delegates
+serialize a constant's storage from its start (XNNPACK then reads `table[0:8]`
+for `high = table[8:]`: silently wrong). From capture on, every program's
+constants own their bytes, an invariant each artifact type checks.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from torch.export import ExportedProgram
 
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
+from compiler.ir.invariants import owns_its_bytes, plain_tensor
 from compiler.stages.base import Stage, StageContext
+
+logger = logging.getLogger(__name__)
+
+
+def own_model_views(ep: ExportedProgram) -> list[str]:
+    """Give each of the model's constants that is a view its own storage; returns their
+    targets. The entries are replaced, so the user's module keeps its tensors, and the
+    layout stays (a transposed parameter is all of its storage)."""
+    owned = []
+    for spec in ep.graph_signature.input_specs:
+        store = ep.state_dict if spec.target in ep.state_dict else ep.constants
+        value = store.get(spec.target)
+        if not plain_tensor(value) or owns_its_bytes(value):
+            continue
+        copy = value.detach().clone()
+        if isinstance(value, torch.nn.Parameter):
+            copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
+        store[spec.target] = copy
+        owned.append(spec.target)
+    if owned:
+        logger.info("capture: %d model constants were views; each now owns its storage", len(owned))
+    return owned
 
 
 class Capture(Stage):
@@ -37,4 +69,7 @@ class Capture(Stage):
                 hint="make forward() traceable (no data-dependent Python control flow, "
                 "no unsupported Python objects); run with --traceback for the full export error",
             ) from exc
+        owned = own_model_views(program)
+        if owned:
+            ctx.metrics["views_owned"] = len(owned)
         return AtenProgram(program)

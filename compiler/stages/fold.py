@@ -13,8 +13,8 @@ integer positions, so the output shape is static.
 Every constant the stage hands on owns its bytes: a folded `p[2:10]` is a view
 into `p`'s storage, and delegates serialize a constant's storage from its start
 (XNNPACK read `p[0:8]`: silently wrong). Folded constants are stored as their own
-contiguous copies, and the model's own parameters and buffers that are views
-(`register_buffer("lo", table[:8])`) get their own storage too. A value that the
+contiguous copies (the capture stage already gave the model's own views their
+own storage). A value that the
 program writes in place (`y = w * 2; y[0] = x`) is not folded: as a constant it
 would be mutated (stock: "Constant ... is mutated in the forward method"), and
 as a buffer the write would outlive the call.
@@ -116,33 +116,6 @@ def _stored_constant(value: torch.Tensor, taken: set[int]) -> torch.Tensor:
     ):
         return value
     return value.clone(memory_format=torch.contiguous_format)
-
-
-def _model_views(ep: ExportedProgram) -> list[tuple[dict, str]]:
-    """(store, target) of each parameter, buffer or constant of the model that is a view."""
-    found = []
-    for spec in ep.graph_signature.input_specs:
-        store = ep.state_dict if spec.target in ep.state_dict else ep.constants
-        value = store.get(spec.target)
-        if plain_tensor(value) and not owns_its_bytes(value):
-            found.append((store, spec.target))
-    return found
-
-
-def own_model_constants(ep: ExportedProgram) -> list[str]:
-    """Give the model's own constants that are views (`register_buffer("lo", table[:8])`)
-    their own storage, in place; returns their targets. The layout stays (a transposed
-    parameter owns its bytes, and its placeholder says how they are laid out)."""
-    views = _model_views(ep)
-    for store, target in views:
-        value = store[target]
-        copy = value.detach().clone()
-        if isinstance(value, torch.nn.Parameter):
-            copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
-        store[target] = copy
-    if views:
-        logger.info("fold: %d model constants were views; each now owns its storage", len(views))
-    return [target for _, target in views]
 
 
 # In-place by schema, but they change no data (`x[torch.tensor([1])] = v` detaches its index).
@@ -477,16 +450,10 @@ class Fold(Stage):
         replace = getattr(ctx.options, "fold_replace_skip_ops", False)
         skip = given if replace else default_skip_ops(ATEN) | given
         folding = needs_folding(program.program, skip)
-        if not folding and not _model_views(program.program):
+        if not folding:
             ctx.metrics["folded"] = 0
             return program
         ep = copy_program(program.program)
-        owned = own_model_constants(ep)
-        if owned:
-            ctx.metrics["views_owned"] = len(owned)
-        if not folding:
-            ctx.metrics["folded"] = 0
-            return AtenProgram(ep)
         result = fold_constants(ep, ATEN, skip)
         ctx.metrics.update(
             folded=result.nodes_folded,

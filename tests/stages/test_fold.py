@@ -308,30 +308,6 @@ def test_a_folded_alias_of_a_parameter_gets_its_own_storage():
     torch.testing.assert_close(constant, folded.state_dict["p"])
 
 
-class TransposedParameter(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(8, 16).t())  # owns its bytes, in another layout
-
-    def forward(self, x):
-        return x @ self.w
-
-
-def test_model_views_get_their_own_storage_and_keep_their_layout():
-    program = AtenProgram(export(ViewBuffers(), (torch.randn(4, 8),)))
-    assert not _owns_its_bytes(program.program.state_dict["high"])  # as captured
-    ctx = StageContext(backend=None)
-    folded = Fold().run(program, ctx).program
-    assert ctx.metrics["views_owned"] == 2 and ctx.metrics["folded"] == 0
-    for name in ("low", "high"):
-        assert _owns_its_bytes(folded.state_dict[name])
-        torch.testing.assert_close(folded.state_dict[name], program.program.state_dict[name])
-    assert not _owns_its_bytes(program.program.state_dict["high"])  # the input is left as it was
-
-    transposed = AtenProgram(export(TransposedParameter(), (torch.randn(4, 16),)))
-    assert Fold().run(transposed, StageContext(backend=None)) is transposed  # a layout is not a view
-
-
 class WrittenAfterFolding(torch.nn.Module):
     def __init__(self):
         super().__init__()
