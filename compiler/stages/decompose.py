@@ -48,7 +48,7 @@ def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=No
     return torch.ops.aten.permute.default(empty, [list(physical_layout).index(dim) for dim in range(len(size))])
 
 
-# Decompositions made by ExecuTorch's table into non-core ops that no table decomposes.
+# Non-core ops that ExecuTorch's own decompositions make and that no table decomposes.
 _MADE_BY_DECOMPOSITION = {torch.ops.aten.empty_permuted.default: _empty_permuted}
 
 
@@ -58,7 +58,8 @@ def _is_core(op: torch._ops.OpOverload) -> bool:
 
 def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverload]) -> dict:
     """ExecuTorch's table, plus torch's decomposition of each non-core ATen op in
-    `program` that ExecuTorch's table lacks (else the Edge verifier refuses it)."""
+    `program` that ExecuTorch's table lacks (else the Edge verifier refuses it), plus
+    ours of the non-core ops ExecuTorch's decompositions make."""
     table = _default_decomposition_table()
     added = {
         node.target
