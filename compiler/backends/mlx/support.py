@@ -213,6 +213,30 @@ def unwritten_output_read(node: torch.fx.Node) -> Optional[str]:
     )
 
 
+# Ops stock 1.5.1 lowers to MLX's matmul or conv, which take floating types only.
+_FLOATING_ONLY = frozenset(
+    {
+        "aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.matmul.default",
+        "aten.linear.default", "aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default",
+        "aten.conv_transpose1d.default", "aten.conv_transpose2d.input", "aten.conv_transpose3d.input",
+        "aten.convolution.default",
+    }
+)
+
+
+def integer_matmul_or_conv(node: torch.fx.Node) -> Optional[str]:
+    """MLX multiplies matrices and convolves floating types only ("[matmul] Only inexact types
+    are supported", "[conv] ... only supports floating point types"); stock 1.5.1 tags an
+    integer mm or conv anyway and the runtime throws when it runs."""
+    if op_name(node.target) not in _FLOATING_ONLY:
+        return None
+    dtypes = {dtype for _, dtype in _tensors_touched(node)}
+    integers = sorted(str(d).removeprefix("torch.") for d in dtypes if not d.is_floating_point)
+    if not integers:
+        return None
+    return f"{', '.join(integers)} operands: MLX's matmul and conv take floating types only"
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
 RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     boolean_index,
@@ -221,6 +245,7 @@ RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     copy_source_unlike_destination,
     symbolic_float,
     unwritten_output_read,
+    integer_matmul_or_conv,
 )
 
 
