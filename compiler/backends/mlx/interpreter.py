@@ -414,6 +414,8 @@ def _constant(data: bytes, spec: TensorSpec) -> mx.array:
         raise BadMLXPayload(f"MLX constant of ExecuTorch scalar type {spec.scalar_type} is unknown here")
     torch_dtype = dtype[1]
     count = math.prod(spec.shape)
+    if count == 0:  # torch.frombuffer refuses an empty buffer
+        return mx.zeros(list(spec.shape), dtype=dtype[0])
     tensor = torch.frombuffer(bytearray(data), dtype=torch_dtype, count=count).reshape(spec.shape)
     return to_mx(tensor)
 

@@ -352,16 +352,22 @@ def _astype(it: Interpreter, f: dict) -> None:
     it.set(f["out"], it.t(f["x"]).astype(mx_dtype(f["scalar_type"])))
 
 
+def _filled(shape, value, dtype) -> mx.array:
+    """mlx::full(shape, value, dtype) as the C++ runtime calls it: the value cast to dtype,
+    then broadcast. (mlx's Python `mx.full(shape, 1.0, dtype=mx.bool_)` returns float32.)"""
+    return mx.full(shape, mx.array(value, dtype=dtype))
+
+
 @node("FullNode")
 def _full(it: Interpreter, f: dict) -> None:
-    it.set(f["out"], mx.full(it.vs(f["shape"]), it.v(f["v"]), dtype=mx_dtype(f["scalar_type"])))
+    it.set(f["out"], _filled(it.vs(f["shape"]), it.v(f["v"]), mx_dtype(f["scalar_type"])))
 
 
 @node("FullLikeNode")
 def _full_like(it: Interpreter, f: dict) -> None:
     x = it.t(f["x"])
     dtype = x.dtype if f["scalar_type"] is None else mx_dtype(f["scalar_type"])
-    it.set(f["out"], mx.full(x.shape, it.v(f["v"]), dtype=dtype))
+    it.set(f["out"], _filled(x.shape, it.v(f["v"]), dtype))
 
 
 @node("ARangeNode")

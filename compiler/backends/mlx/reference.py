@@ -303,6 +303,8 @@ class ReferenceExecutor:
         if data is None:
             return None
         count = math.prod(spec.sizes)
+        if count == 0:  # torch.frombuffer refuses an empty buffer
+            return torch.empty(list(spec.sizes), dtype=dtype)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         tensor = torch.frombuffer(bytearray(data[: count * itemsize]), dtype=dtype, count=count)
         return tensor.reshape(list(spec.sizes))

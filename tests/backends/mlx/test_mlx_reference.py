@@ -102,3 +102,28 @@ def test_payload_input_of_another_dtype_is_refused_like_the_runtime(mlp_artifact
     torch.testing.assert_close(ours, compiler.run(artifact, inputs)[0])
     with pytest.raises(interpreter.MLXNodeFailure, match="dtype mismatch"):
         delegate.execute([inputs[0].double()])
+
+
+class BoolFill(torch.nn.Module):
+    def forward(self, x):
+        keep = torch.ones(x.shape, dtype=torch.bool)  # FullNode with a bool dtype
+        return (keep & (x > 0)).float() + torch.full_like(x, 1, dtype=torch.bool).float()
+
+
+class EmptyConstant(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("nothing", torch.zeros(0))
+
+    def forward(self, x):
+        return torch.cat([x.flatten(), self.nothing]) * 2
+
+
+@pytest.mark.parametrize("module_type", [BoolFill, EmptyConstant])
+def test_fills_keep_their_dtype_and_empty_constants_load(module_type):
+    model, inputs = module_type().eval(), (torch.randn(2, 3),)
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    (out,) = compiler.run(artifact, inputs)
+    expected = model(*inputs)
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    torch.testing.assert_close(out, expected)
