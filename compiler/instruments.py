@@ -87,6 +87,7 @@ class DumpStages(Instrument):
         self.directory = os.fspath(directory)
         self.backend = backend
         self.index = {name: i for i, name in enumerate(stage_names, start=1)}
+        self.failures: list[CompileError] = []  # stage files that could not be written
         os.makedirs(self.directory, exist_ok=True)
 
     def path(self, stage: str, suffix: str) -> str:
@@ -96,11 +97,29 @@ class DumpStages(Instrument):
         with open(self.path(stage, ".txt"), "w") as f:
             f.write(after.graph_text())
         if can_save(after):
-            save_stage_file(self.path(stage, SUFFIX), after, stage, self.backend)
+            self._save_stage_file(stage, after)
         if isinstance(after, ExecutorchProgram):
             with open(self.path(stage, ".pte"), "wb") as f:
                 f.write(after.pte)
         logger.debug("dumped %s to %s", stage, self.directory)
+
+    def _save_stage_file(self, stage: str, artifact: Any) -> None:
+        """A dump is a debugging aid: a program the serializer cannot write costs that one
+        `.stage` file (the `.txt` is written), never the compile the user asked for."""
+        path = self.path(stage, SUFFIX)
+        try:
+            save_stage_file(path, artifact, stage, self.backend)
+        except Exception as exc:
+            if os.path.exists(path):
+                os.remove(path)  # a half-written file would only fail later, at resume
+            error = CompileError(
+                f"could not dump {stage}'s output as a stage file: {type(exc).__name__}: {exc}",
+                stage=stage,
+                hint=f"the compile goes on; {os.path.basename(self.path(stage, '.txt'))} still shows the graph. "
+                "Report the serializer error with that graph",
+            )
+            self.failures.append(error)
+            logger.warning("%s", error)
 
 
 class PrintAfterChange(Instrument):

@@ -3,19 +3,24 @@
 A stage file is ExecuTorch's serialized ExportedProgram (a zip) with one more
 member, a JSON manifest naming the artifact type, the stage that produced it,
 the backend, and what the graph alone cannot carry (the placement plan, the
-ops kept whole). Delegation tags live in node metadata, which serialization
-drops, so they are re-applied from the plan on load.
+ops kept whole, which values are symbolic floats). Delegation tags live in node
+metadata, which serialization drops, so they are re-applied from the plan on load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import operator
 import os
 import zipfile
-from typing import Any
+from typing import Any, Iterator
 
 import attrs
+import torch
+from torch._guards import detect_fake_mode
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from executorch.exir import EdgeCompileConfig
 from executorch.exir.serde.serialize import load as load_program
@@ -35,6 +40,8 @@ from compiler.ir.dialect import op_from_name
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "compiler_manifest.json"
@@ -78,7 +85,9 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend:
     manifest["positional_args"] = {
         n.name: len(n.args) for n in artifact.program.graph.nodes if n.op == "call_function"
     }
-    save_program(artifact.program, os.fspath(path), extra_files={MANIFEST: json.dumps(manifest)})
+    manifest["symbolic_floats"] = [n.name for n in _symbolic_float_nodes(artifact.program)]
+    with _symbolic_floats_as_placeholder_ints(artifact.program):
+        save_program(artifact.program, os.fspath(path), extra_files={MANIFEST: json.dumps(manifest)})
 
 
 def load_stage_file(path: str | os.PathLike) -> StageFile:
@@ -105,6 +114,7 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
     if manifest.get("format") != FORMAT_VERSION or manifest.get("artifact") not in RESUMABLE_TYPES:
         raise ResumeError(f"resume file {path!r} has an unknown format {manifest.get('format')!r}", hint=hint)
     _restore_placeholder_names(program, manifest.get("placeholders", []), manifest.get("forward_arg_names"))
+    _restore_symbolic_floats(program, manifest.get("symbolic_floats", []))
     _restore_positional_args(program, manifest.get("positional_args", {}))
     _drop_unused_tuple_accesses(program)
     artifact_type = RESUMABLE_TYPES[manifest["artifact"]]
@@ -121,6 +131,57 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
         _restore_tags(program, plan.tags())
         fields["plan"] = plan
     return StageFile(artifact_type(**fields), manifest["stage"], manifest["backend"])
+
+
+def _symbolic_float_nodes(program) -> list[torch.fx.Node]:
+    """Nodes whose value is a float known only at run time (`zuf0` from `.item()` of a
+    float tensor, and arithmetic on it)."""
+    return [n for n in program.graph.nodes if isinstance(n.meta.get("val"), torch.SymFloat)]
+
+
+@contextlib.contextmanager
+def _symbolic_floats_as_placeholder_ints(program) -> Iterator[None]:
+    """ExecuTorch 1.5.1's serializer (a fork of torch.export's, without SymFloat in its
+    schema) refuses a node whose value is a symbolic float ("Unable to serialize output
+    zuf0"). While it runs, such values read as the integer 0, which it writes as a
+    constant; the manifest names those nodes and the load gives them floats back."""
+    hidden = [(node, node.meta["val"]) for node in _symbolic_float_nodes(program)]
+    try:
+        for node, _ in hidden:
+            node.meta["val"] = 0
+        yield
+    finally:
+        for node, value in hidden:
+            node.meta["val"] = value
+
+
+def _restore_symbolic_floats(program, names: list[str]) -> None:
+    """Give the nodes saved as placeholder integers their symbolic floats back, in graph
+    order: a node reading a float from a tensor gets a fresh unbacked float, as capture
+    made it; arithmetic on floats (operator.mul, torch.sym_float, ...) is re-evaluated on
+    its restored inputs."""
+    wanted = set(names)
+    nodes = [n for n in program.graph.nodes if n.name in wanted]
+    if len(nodes) != len(wanted):
+        raise ResumeError(
+            "the stage file names symbolic float nodes its graph lacks: "
+            f"{sorted(wanted - {n.name for n in nodes})}",
+            hint="the file is corrupt or from another version; re-create it with --dump-dir",
+        )
+    if not nodes:
+        return
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in program.graph.nodes])
+    shape_env = fake_mode.shape_env
+    for node in nodes:
+        if any(isinstance(arg.meta.get("val"), torch.Tensor) for arg in node.all_input_nodes):
+            with shape_env.ignore_fresh_unbacked_symbols():
+                value = shape_env.create_unbacked_symfloat()
+            node.meta["unbacked_bindings"] = {value.node.expr: ()}
+            program.range_constraints[value.node.expr] = ValueRanges.unknown()
+        else:
+            value = node.target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args))
+        node.meta["val"] = value
+    logger.debug("restored %d symbolic floats", len(nodes))
 
 
 def _restore_positional_args(program, positional: dict[str, int]) -> None:
