@@ -302,3 +302,17 @@ def test_copy_onto_a_symbolic_shape_stays_on_cpu_with_reason():
     longer = torch.randn(5, 4)
     (out,) = compiler.run(artifact, (longer,))
     torch.testing.assert_close(out, model(longer))
+
+
+class BoolMask(torch.nn.Module):
+    """pi0's attention mask: a bool `ones` joined with a bool input, then and-ed."""
+
+    def forward(self, m):
+        c = torch.cat([torch.ones(1, 2, dtype=torch.bool), m], 1)
+        return (c.unsqueeze(1) * c.unsqueeze(2)) & (torch.cumsum(c, 1).unsqueeze(1) <= torch.cumsum(c, 1).unsqueeze(2))
+
+
+def test_bool_full_inside_a_payload_matches_eager():
+    m = torch.tensor([[True, False, True]])
+    artifact = _check(BoolMask().eval(), (m,))
+    assert all(row.where == "MLXBackend" for row in artifact.report.placement)
