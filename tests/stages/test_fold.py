@@ -339,3 +339,78 @@ def test_a_value_written_in_place_is_not_folded():
     x2 = torch.randn(4, 4)
     for out, want in zip(compiler.run(artifact, (x2,)), model(x2)):
         torch.testing.assert_close(out, want)
+
+
+class ScaledByTransposed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return x @ self.w.t()  # `t` of a parameter folds
+
+
+def test_a_user_input_named_like_a_builtin_keeps_its_name_through_folding():
+    """nn.Sequential's forward takes `input`; FX's deep copy renamed it `input_1`, the
+    signature kept `input`, and fold found no placeholder for its user input (StopIteration)."""
+    model, x = torch.nn.Sequential(ScaledByTransposed()).eval(), torch.randn(2, 8)
+    folded, metrics = fold(export(model, (x,)))
+    assert metrics["folded"] == 1
+    placeholders = [n.name for n in folded.graph.nodes if n.op == "placeholder"]
+    assert placeholders == [s.arg.name for s in folded.graph_signature.input_specs]
+    assert "input" in placeholders
+    folded._validate()
+    artifact = compiler.compile(model, (x,), "portable")
+    assert torch.allclose(compiler.run(artifact, (x,))[0], model(x), atol=1e-5)
+
+
+def _torchao_int4_linear():
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_api import IntxWeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16)).eval()
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
+    return model, torch.randn(3, 64)
+
+
+def test_torchao_weight_folds_into_its_int8_parts_and_stays_quantized():
+    """The quantized weight (a tensor subclass) folds into its parts (qdata, scale,
+    zero_point); the dequantize stays an op, so the weight is stored as int8, not float."""
+    model, x = _torchao_int4_linear()
+    folded, metrics = fold(export(model, (x,)))
+    assert metrics["folded"] == 3
+    assert "torchao.dequantize_affine.default" in ops_of(folded)
+    assert "export.access_subclass_inner_tensor.default" not in ops_of(folded)
+    assert sorted(str(v.dtype) for v in folded.constants.values()) == ["torch.float32", "torch.int8", "torch.int8"]
+    with torch.no_grad():
+        assert torch.allclose(folded.module()(x), model(x), atol=1e-5)
+
+
+def test_torchao_int4_linear_compiles_for_xnnpack():
+    model, x = _torchao_int4_linear()
+    artifact = compiler.compile(model, (x,), "xnnpack")
+    fold_record = next(r for r in artifact.report.stages if r.stage == "fold")
+    assert fold_record.metrics["folded"] == 3
+    assert artifact.program.plan.partitions and not artifact.program.plan.cpu_nodes
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="stock ExecuTorch 1.5.1's XNNPACK lowering of a weight-only int4 dequantize_affine + linear "
+    "drops the group scales (the delegate computes x @ qdata.T + b); stock to_edge_transform_and_lower "
+    "gives the same result",
+)
+def test_torchao_int4_linear_on_xnnpack_matches_eager():
+    model, x = _torchao_int4_linear()
+    artifact = compiler.compile(model, (x,), "xnnpack")
+    with torch.no_grad():
+        assert torch.allclose(compiler.run(artifact, (x,))[0], model(x), atol=1e-3)
+
+
+def test_torchao_int4_linear_on_portable_is_a_named_error_not_a_crash():
+    """The runtime has no kernel for torchao.dequantize_affine (stock: "Missing out variants")."""
+    model, x = _torchao_int4_linear()
+    with pytest.raises(compiler.CompileError, match="torchao.dequantize_affine.default") as err:
+        compiler.compile(model, (x,), "portable")
+    assert err.value.stage == "partition" and "no kernel" in err.value.reason
