@@ -105,18 +105,11 @@ def test_mlx_support_check_runs_with_symbolic_floats_hidden_and_the_rule_refuses
     assert stock.is_node_supported({}, mul)
 
 
-_NEEDS_HIDDEN_FLOATS = pytest.mark.xfail(
-    strict=True,
-    reason="needs MLXBackend.keep_whole and .partition to run stock's support check inside "
-    "support.symbolic_floats_hidden (compiler/backends/mlx/__init__.py)",
-)
-
-
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("euler-steps", marks=_NEEDS_HIDDEN_FLOATS),
-        pytest.param("scale-by-sum", marks=_NEEDS_HIDDEN_FLOATS),
+        "euler-steps",
+        "scale-by-sum",
         "first-positives",  # an integer: MLX carries it (ItemIntNode)
     ],
 )

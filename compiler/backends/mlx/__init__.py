@@ -66,7 +66,8 @@ class MLXBackend(Backend):
         self.partitioner = MLXPartitioner(**partitioner_options)
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
-        ops, _ = self.partitioner.ops_to_not_decompose(program)
+        with support.symbolic_floats_hidden(program):
+            ops, _ = self.partitioner.ops_to_not_decompose(program)
         # An op one of our rules sends to the CPU must not be kept whole for MLX
         # (the same rule stock applies to the nodes its own check declines).
         refused = {
@@ -84,7 +85,8 @@ class MLXBackend(Backend):
         rewrites.copy_source_like_destination(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
-        stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
+        with support.symbolic_floats_hidden(program):
+            stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
         guarded = support.GuardedSupport(stock)
         found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)
         found = self.partitioner._include_sym_size_nodes_in_partitions(program.graph_module, found)
