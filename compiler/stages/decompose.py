@@ -12,7 +12,9 @@ kernel for them. The table gets torch's decomposition of those the program holds
 And ExecuTorch's own decomposition of `empty_like` makes `aten.empty_permuted`, which
 is not core ATen and which no table decomposes (stock `to_edge` fails on a rotary
 embedding that fills `torch.empty_like(x)` by slices, as SmolVLA's expert does);
-it becomes `empty` in its physical order, permuted back.
+it becomes `empty` in its physical order, permuted back. `aten.median` (all elements,
+and along a dim) is in no table and no runtime has a kernel for it: it becomes `topk`
+of the smaller half, its last element (NaN where the slice holds one, as torch gives).
 """
 
 from __future__ import annotations
@@ -52,6 +54,40 @@ def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=No
 _MADE_BY_DECOMPOSITION = {torch.ops.aten.empty_permuted.default: _empty_permuted}
 
 
+def _median_dim(self, dim, keepdim=False):
+    """`aten.median.dim` from core ops, for runtimes without a median kernel: the
+    ((n - 1) // 2 + 1)-th smallest by `topk` (torch's median is the lower of the two
+    middle values); a slice holding a NaN gives NaN at its first NaN, as torch does."""
+    if self.dim() == 0:
+        values, indices = _median_dim(self.reshape(1), 0)
+        return values.reshape(()), indices.reshape(())
+    dim = dim % self.dim()
+    k = (self.shape[dim] - 1) // 2 + 1
+    smallest, positions = torch.topk(self, k, dim, largest=False, sorted=True)
+    values, indices = smallest.select(dim, k - 1), positions.select(dim, k - 1)
+    if self.is_floating_point():  # topk orders NaN last; torch's median returns it
+        nan = torch.isnan(self)
+        has_nan = nan.any(dim)
+        values = torch.where(has_nan, torch.full_like(values, float("nan")), values)
+        indices = torch.where(has_nan, torch.argmax(nan.to(self.dtype), dim), indices)
+    if keepdim:
+        values, indices = values.unsqueeze(dim), indices.unsqueeze(dim)
+    return values, indices
+
+
+def _median(self):
+    """`aten.median.default` (the median of all elements): `aten.median.dim` of the flattened tensor."""
+    return _median_dim(self.reshape(-1), 0)[0]
+
+
+# Non-core ATen ops that neither ExecuTorch's table nor torch's decomposes, and no
+# ExecuTorch runtime has a kernel for (the portable runtime has `topk`, not `median`).
+_DECOMPOSED_HERE = {
+    torch.ops.aten.median.default: _median,
+    torch.ops.aten.median.dim: _median_dim,
+}
+
+
 def _is_core(op: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
 
@@ -73,11 +109,14 @@ def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverloa
     }
     for op in added:
         table[op] = _torch_decompositions[op]
+    ours = {node.target for node in call_nodes(program) if node.target in _DECOMPOSED_HERE and node.target not in keep}
+    for op in ours:
+        table[op] = _DECOMPOSED_HERE[op]
     for op, decomposition in _MADE_BY_DECOMPOSITION.items():
         if op not in table:
             table[op] = decomposition
-    if added:
-        logger.debug("decomposing with torch's table too: %s", sorted(map(str, added)))
+    if added or ours:
+        logger.debug("decomposing with torch's table too: %s; with ours: %s", sorted(map(str, added)), sorted(map(str, ours)))
     return table
 
 

@@ -122,3 +122,55 @@ def test_empty_like_filled_by_slices_matches_eager(transposed):
     ops = {op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"}
     assert "aten.empty_permuted.default" not in ops
     assert torch.equal(compiler.run(artifact, args)[0], model(*args))
+
+
+class Median(torch.nn.Module):
+    def forward(self, x):
+        return torch.median(x)
+
+
+class MedianOfLastDim(torch.nn.Module):
+    def forward(self, x):
+        values, indices = x.median(dim=-1)
+        return values, indices
+
+
+class MedianKeepDim(torch.nn.Module):
+    def forward(self, x):
+        values, indices = x.median(dim=0, keepdim=True)
+        return values, indices
+
+
+def test_stock_to_edge_refuses_median_which_neither_table_decomposes():
+    from torch._decomp import decomposition_table
+    from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+    assert torch.ops.aten.median.dim not in decomposition_table
+    assert not any("median" in name for name in _get_operator_names())  # no kernel to keep it for
+    with torch.no_grad():
+        ep = torch.export.export(MedianOfLastDim(), (torch.randn(3, 5),))
+    with pytest.raises(SpecViolationError, match="median.dim is not in Core ATen opset"):
+        to_edge(ep)
+
+
+_NAN = float("nan")
+MEDIAN_INPUTS = {
+    "odd": torch.randn(3, 5),
+    "even": torch.randn(4, 6),  # torch's median is the lower middle value
+    "nan": torch.tensor([[3.0, _NAN, 1.0, _NAN, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0]]),  # NaN at the first NaN
+    "int": torch.randperm(15).reshape(3, 5),
+}
+
+
+@pytest.mark.parametrize("model_type", [Median, MedianOfLastDim, MedianKeepDim])
+@pytest.mark.parametrize("case", MEDIAN_INPUTS)
+def test_median_decomposes_to_topk_and_matches_eager(model_type, case):
+    model, args = model_type(), (MEDIAN_INPUTS[case],)
+    artifact = compiler.compile(model, args, "portable")
+    ops = {op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"}
+    assert not any("median" in op for op in ops) and "aten.topk.default" in ops
+    expected = model(*args)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for got, want in zip(compiler.run(artifact, args), expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want) or torch.allclose(got, want, equal_nan=True)
