@@ -83,6 +83,7 @@ class MLXBackend(Backend):
         from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 
         rewrites.copy_source_like_destination(program)
+        rewrites.ignored_arguments_made_explicit(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
         with support.symbolic_floats_hidden(program):

@@ -89,3 +89,96 @@ def copy_source_like_destination(program: ExportedProgram) -> int:
         program.graph_module.recompile()
         logger.info("MLX: %d copies given a source of their destination's shape and dtype", changed)
     return changed
+
+
+def _edge_call(graph: torch.fx.Graph, target: str, args: tuple, value) -> torch.fx.Node:
+    """A new Edge call to `aten.<target>` whose value (meta) is `value`."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    overload_packet, _, overload = target.partition(".")
+    node = graph.call_function(getattr(getattr(exir_ops.edge.aten, overload_packet), overload), args)
+    node.meta["val"] = value
+    return node
+
+
+def _ascending_sort(graph: torch.fx.Graph, source: torch.fx.Node, dim: int) -> tuple[torch.fx.Node, ...]:
+    """sort(source, dim) ascending, and its (values, indices) items."""
+    import operator
+
+    values, indices = torch.sort(_tensor(source), dim)
+    node = _edge_call(graph, "sort.default", (source, dim, False), (values, indices))
+    items = []
+    for position, value in enumerate((values, indices)):
+        item = graph.call_function(operator.getitem, (node, position))
+        item.meta["val"] = value
+        items.append(item)
+    return tuple(items)
+
+
+def _reorder(graph: torch.fx.Graph, item: torch.fx.Node, dim: int, k: Optional[int]) -> torch.fx.Node:
+    """Descending from ascending: the whole item flipped along dim (k None), or its first k."""
+    value = _tensor(item)
+    if k is None:
+        return _edge_call(graph, "flip.default", (item, [dim]), value.flip([dim]))
+    return _edge_call(graph, "slice_copy.Tensor", (item, dim, 0, k), value.narrow(dim, 0, k).clone())
+
+
+def _replace(program: ExportedProgram, old: torch.fx.Node, new: torch.fx.Node) -> None:
+    """Every use of `old` reads `new`, the program's output list included."""
+    old.replace_all_uses_with(new)
+    for spec in program.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == old.name:
+            spec.arg.name = new.name
+
+
+def _ignored_argument_call(node: torch.fx.Node) -> Optional[tuple[int, Optional[int]]]:
+    """(dim, k) of a sort/argsort with descending=True or a topk with largest=False, whose
+    input has a static shape; k is None for sort/argsort."""
+    from compiler.backends.mlx import support
+
+    if node.op != "call_function" or support.ignored_argument(node) is None:
+        return None
+    source = _tensor(node.args[0])
+    if source is None or not _static(source.shape) or source.dim() == 0:
+        return None
+    name = op_name(node.target)
+    dim = support._argument(node, "dim", -1) % source.dim()
+    return (dim, support._argument(node, "k", None)) if name == "aten.topk.default" else (dim, None)
+
+
+def ignored_arguments_made_explicit(program: ExportedProgram) -> int:
+    """Stock 1.5.1's MLX sort, argsort and topk handlers ignore `descending` and `largest`
+    (a descending sort came back ascending, silently). Each such call becomes an ascending
+    sort, flipped (sort, argsort) or cut to its first k (topk with largest=False, whose
+    result torch gives smallest first), which those handlers lower right. Returns how
+    many calls changed; what is left (a symbolic shape) `support.ignored_argument` refuses."""
+    import operator
+
+    graph = program.graph_module.graph
+    changed = 0
+    for node in list(graph.nodes):
+        found = _ignored_argument_call(node)
+        if found is None:
+            continue
+        dim, k = found
+        with graph.inserting_before(node):
+            values, indices = _ascending_sort(graph, node.args[0], dim)
+            if op_name(node.target) == "aten.argsort.default":
+                _replace(program, node, _reorder(graph, indices, dim, k))
+            else:
+                for user in list(node.users):
+                    if user.target is not operator.getitem:
+                        continue
+                    with graph.inserting_before(user):
+                        item = (values, indices)[user.args[1]]
+                        _replace(program, user, _reorder(graph, item, dim, k))
+        for user in list(node.users):
+            graph.erase_node(user)
+        graph.erase_node(node)
+        changed += 1
+    if changed:
+        graph.eliminate_dead_code()
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d sort/topk calls made ascending, then flipped or cut", changed)
+    return changed

@@ -237,6 +237,39 @@ def integer_matmul_or_conv(node: torch.fx.Node) -> Optional[str]:
     return f"{', '.join(integers)} operands: MLX's matmul and conv take floating types only"
 
 
+# Arguments stock 1.5.1's MLX handlers never read, with the only value they honour.
+_IGNORED_ARGUMENTS = {
+    "aten.sort.default": ("descending", False),
+    "aten.argsort.default": ("descending", False),
+    "aten.topk.default": ("largest", True),
+}
+
+
+def _argument(node: torch.fx.Node, name: str, default):
+    """The value `node` passes for the schema argument `name` (its default when not passed)."""
+    for position, argument in enumerate(_schema(node).arguments):
+        if argument.name != name:
+            continue
+        if name in node.kwargs:
+            return node.kwargs[name]
+        return node.args[position] if position < len(node.args) else default
+    return default
+
+
+def ignored_argument(node: torch.fx.Node) -> Optional[str]:
+    """Stock 1.5.1's MLX sort, argsort and topk handlers read only the tensor, k and dim:
+    `sort(descending=True)` came back ascending and `topk(largest=False)` gave the largest
+    values, silently. Those calls stay on the CPU."""
+    ignored = _IGNORED_ARGUMENTS.get(op_name(node.target))
+    if ignored is None:
+        return None
+    name, honoured = ignored
+    value = _argument(node, name, honoured)
+    if value == honoured:
+        return None
+    return f"{name}={value}: ExecuTorch 1.5.1's MLX handler ignores {name} (it computes {name}={honoured})"
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
 RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     boolean_index,
@@ -246,6 +279,7 @@ RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     symbolic_float,
     unwritten_output_read,
     integer_matmul_or_conv,
+    ignored_argument,
 )
 
 

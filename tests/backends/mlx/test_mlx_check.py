@@ -316,3 +316,22 @@ def test_bool_full_inside_a_payload_matches_eager():
     m = torch.tensor([[True, False, True]])
     artifact = _check(BoolMask().eval(), (m,))
     assert all(row.where == "MLXBackend" for row in artifact.report.placement)
+
+
+class DescendingSorts(torch.nn.Module):
+    """Arguments stock's MLX sort/argsort/topk handlers ignore, both outputs read."""
+
+    def forward(self, x):
+        values, indices = torch.sort(x, dim=1, descending=True)
+        smallest, where = torch.topk(x, 3, dim=-1, largest=False)
+        return values, indices, torch.argsort(x, dim=0, descending=True), smallest, where
+
+
+def test_descending_sort_and_smallest_topk_match_eager_on_mlx():
+    torch.manual_seed(0)
+    model, inputs = DescendingSorts(), (torch.randn(4, 7, 5),)
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    cpu = [p.op for p in artifact.stages["partition"].plan.nodes if p.tag is None]
+    assert not cpu, cpu  # rewritten, not refused: all on MLX
+    for out, expected in zip(compiler.run(artifact, inputs), model(*inputs)):
+        assert out.dtype == expected.dtype and torch.equal(out, expected)
