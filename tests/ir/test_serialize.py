@@ -102,3 +102,29 @@ def test_a_stage_file_the_serializer_refuses_costs_the_dump_not_the_compile(smal
     assert "Unable to serialize output" in dump.failures[0].reason
     assert (tmp_path / "01-capture.txt").exists() and not list(tmp_path.glob("*.stage"))
     assert "could not dump capture's output" in caplog.text
+
+
+class NamedTupleOutputs(torch.nn.Module):
+    """Outputs that are torch.return_types structseqs, which no pytree serializer names."""
+
+    def forward(self, x):
+        return x.median(dim=-1), x.max(dim=0)
+
+
+def test_outputs_that_are_return_types_round_trip_through_a_stage_file(tmp_path):
+    model, x = NamedTupleOutputs(), torch.randn(3, 5)
+    saved = compiler.compile(model, (x,), "portable", stop_after="decompose", dump_dir=tmp_path).program
+    loaded = load_stage_file(_stage_file(tmp_path, "decompose")).artifact.program
+    spec = loaded.module_call_graph[0].signature.out_spec
+    assert spec == saved.module_call_graph[0].signature.out_spec
+    assert [child.type for child in spec.children()] == [torch.return_types.median, torch.return_types.max]
+    assert saved.module_call_graph[0].signature.out_spec.child(0).type is torch.return_types.median  # given back
+
+
+def test_crash_reproducer_saves_a_program_whose_outputs_are_return_types(tmp_path):
+    model, x = NamedTupleOutputs(), torch.randn(3, 5)
+    with pytest.raises(compiler.CompileError) as err:
+        compiler.compile(model, (x,), "portable", reproducer_dir=tmp_path)  # emit fails: see test_driver
+    assert err.value.stage == "emit"
+    assert err.value.reproducer_path == str(tmp_path / "lower.stage")
+    assert load_stage_file(err.value.reproducer_path).stage == "lower"
