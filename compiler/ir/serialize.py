@@ -237,6 +237,7 @@ def _output_structseqs_as_tuples(program) -> Iterator[list[str | None]]:
 
 
 def _restore_output_structseqs(program, names: list[str | None]) -> None:
+    """Put back the torch.return_types outputs saved as tuples (callers unflatten by them)."""
     if names:
         signature = program.module_call_graph[0].signature
         signature.out_spec = _structseqs_for_tuples(signature.out_spec, list(names))
