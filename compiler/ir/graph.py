@@ -39,6 +39,10 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
 
     Stages that annotate or rewrite a graph work on such a copy so the artifact
     they were given stays valid, without paying for a copy of the weights.
+
+    FX's deep copy renames a node whose name is a Python builtin (nn.Sequential's
+    user input `input` becomes `input_1`) while the graph signature keeps `input`;
+    nodes are copied in order, so their names are put back pairwise.
     """
     programs = [ep] + [
         module.original_module
@@ -50,7 +54,17 @@ def copy_program(ep: ExportedProgram) -> ExportedProgram:
         for program in programs
         for value in list(program.state_dict.values()) + list(program.constants.values())
     }
-    return copy.deepcopy(ep, memo=shared)
+    copied = copy.deepcopy(ep, memo=shared)
+    renamed = False
+    for original, node in zip(ep.graph.nodes, copied.graph.nodes):
+        if node.name != original.name:
+            node.name = original.name
+            if node.op == "placeholder":
+                node.target = original.target
+            renamed = True
+    if renamed:
+        copied.graph_module.recompile()
+    return copied
 
 
 def constant_placeholders(ep: ExportedProgram) -> dict[str, InputSpec]:

@@ -437,28 +437,6 @@ def resolve_op(op: Any) -> Any:
         ) from exc
 
 
-def copy_keeping_names(ep: ExportedProgram) -> ExportedProgram:
-    """`copy_program` with every node named as in `ep`.
-
-    FX's deep copy renames a node whose name is a Python builtin, and export names
-    user inputs after forward's arguments: nn.Sequential's `input` becomes `input_1`
-    in the copy while its graph signature still says `input`, so the copy no longer
-    finds its own user input by name. Nodes are copied in order, so the names are put
-    back pairwise.
-    """
-    copy = copy_program(ep)
-    renamed = False
-    for original, copied in zip(ep.graph.nodes, copy.graph.nodes):
-        if copied.name != original.name:
-            copied.name = original.name
-            if copied.op == "placeholder":
-                copied.target = original.target
-            renamed = True
-    if renamed:
-        copy.graph_module.recompile()
-    return copy
-
-
 class Fold(Stage):
     """Driver options: `fold_skip_ops` (added to the dialect's defaults), and
     `fold_replace_skip_ops` (use only `fold_skip_ops`)."""
@@ -475,7 +453,7 @@ class Fold(Stage):
         if not folding:
             ctx.metrics["folded"] = 0
             return program
-        ep = copy_keeping_names(program.program)
+        ep = copy_program(program.program)
         result = fold_constants(ep, ATEN, skip)
         ctx.metrics.update(
             folded=result.nodes_folded,
