@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import attrs
 import torch
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -231,9 +232,9 @@ class _Constants:
 
     def __init__(self, ep: ExportedProgram) -> None:
         self.ep = ep
-        self.fake_mode = detect_fake_mode(
-            [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder" and "val" in n.meta]
-        )
+        # Any node's value will do: a program with no inputs (`arange(6)` alone) has no
+        # placeholder to take it from, and one with no fake value at all gets a new mode.
+        self.fake_mode = detect_fake_mode([n.meta.get("val") for n in ep.graph.nodes]) or FakeTensorMode()
         self.created = 0
         self.bytes_added = 0
         self.bytes_removed = 0

@@ -414,3 +414,15 @@ def test_torchao_int4_linear_on_portable_is_a_named_error_not_a_crash():
     with pytest.raises(compiler.CompileError, match="torchao.dequantize_affine.default") as err:
         compiler.compile(model, (x,), "portable")
     assert err.value.stage == "partition" and "no kernel" in err.value.reason
+
+
+class InputFree(torch.nn.Module):
+    def forward(self):
+        return torch.arange(6) * 2, torch.arange(1, 7, 2, dtype=torch.float32)
+
+
+def test_a_program_without_inputs_folds_and_runs():
+    model = InputFree()
+    artifact = compiler.compile(model, (), "portable")
+    for out, expected in zip(compiler.run(artifact, ()), model()):
+        assert out.dtype == expected.dtype and torch.equal(out, expected)
