@@ -98,6 +98,18 @@ _SCALAR_PRIMS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _empty_dim_order_out(size: Sequence[int], dtype=None, dim_order=None, *, out: torch.Tensor) -> None:
+    """ExecuTorch's kernel only sizes `out` (its values are undefined); torch's Python
+    implementation of this op passes a memory format along with `out=`, which torch refuses."""
+    out.resize_(list(size))
+
+
+# CPU kernels whose torch operator does not behave like ExecuTorch's kernel, done here.
+_KERNELS_DONE_HERE: dict[str, Callable[..., None]] = {
+    "dim_order_ops::_empty_dim_order.out": _empty_dim_order_out,
+}
+
+
 def _detached(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
@@ -230,7 +242,16 @@ class _Method:
                 values.append(self.get(index))
         positional = [v for a, v in zip(overload._schema.arguments, values) if not a.kwarg_only]
         keywords = {a.name: v for a, v in zip(overload._schema.arguments, values) if a.kwarg_only}
-        overload(*positional, **keywords)
+        try:
+            _KERNELS_DONE_HERE.get(name, overload)(*positional, **keywords)
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            raise ReferenceExecutionError(
+                f"CPU kernel {name} failed in the reference executor: {str(exc).strip().splitlines()[0]}",
+                nodes=[name],
+                hint="the reference executor runs CPU kernels with torch's operator of the same name; "
+                "where torch's out variant is stricter than ExecuTorch's kernel this is a limit of the "
+                "reference executor, not of the program",
+            ) from exc
 
     def _delegate(self, call: schema.DelegateCall) -> None:
         run = self.executor.delegate(self.plan, call.delegate_index)

@@ -127,3 +127,38 @@ def test_fills_keep_their_dtype_and_empty_constants_load(module_type):
     expected = model(*inputs)
     assert out.dtype == expected.dtype and out.shape == expected.shape
     torch.testing.assert_close(out, expected)
+
+
+class FilledBySlices(torch.nn.Module):
+    """`empty_like` filled by strided slices (SmolVLA's rotary embedding): the empty is made
+    on the CPU by ExecuTorch's `_empty_dim_order.out`."""
+
+    def forward(self, x):
+        rotated = torch.empty_like(x)
+        rotated[..., 0::2] = -x[..., 1::2]
+        rotated[..., 1::2] = x[..., 0::2]
+        return rotated
+
+
+def test_an_empty_tensor_made_on_the_cpu_is_sized_like_the_runtime_does():
+    model, inputs = FilledBySlices(), (torch.randn(2, 3, 8),)
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    ops = {node.target for node in artifact.stages["lower"].program.graph.nodes if node.op == "call_function"}
+    assert any("_empty_dim_order" in str(op) for op in ops)  # the CPU kernel this exercises
+    (out,) = compiler.run(artifact, inputs)
+    torch.testing.assert_close(out, model(*inputs))
+
+
+def test_a_failing_cpu_kernel_is_a_named_error(monkeypatch):
+    from compiler.backends.mlx import reference
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this kernel refuses")
+
+    model, inputs = FilledBySlices(), (torch.randn(2, 3, 8),)
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    monkeypatch.setitem(reference._KERNELS_DONE_HERE, "dim_order_ops::_empty_dim_order.out", refuse)
+    with pytest.raises(reference.ReferenceExecutionError) as err:
+        compiler.run(artifact, inputs)
+    assert err.value.nodes == ("dim_order_ops::_empty_dim_order.out",)
+    assert "this kernel refuses" in str(err.value)
