@@ -182,3 +182,94 @@ def ignored_arguments_made_explicit(program: ExportedProgram) -> int:
         program.graph_module.recompile()
         logger.info("MLX: %d sort/topk calls made ascending, then flipped or cut", changed)
     return changed
+
+
+_ARG_REDUCTIONS = ("aten.argmax.default", "aten.argmin.default")
+
+
+def _flat_arg_reduction_keeping_dims(node: torch.fx.Node) -> bool:
+    """An argmax/argmin over all elements (dim None) with keepdim=True."""
+    from compiler.backends.mlx import support
+
+    if node.op != "call_function" or op_name(node.target) not in _ARG_REDUCTIONS:
+        return False
+    return support._argument(node, "dim", None) is None and bool(support._argument(node, "keepdim", False))
+
+
+def kept_dims_made_explicit(program: ExportedProgram) -> int:
+    """torch's argmax/argmin with dim=None and keepdim=True give a tensor of the input's rank
+    with every size 1; stock 1.5.1's MLX handlers flatten and reduce and ignore keepdim when
+    dim is None, so the result came back 0-d. Each such call becomes the same call with
+    keepdim=False viewed as [1] * rank, which those handlers lower right. Returns how many
+    calls changed."""
+    graph = program.graph_module.graph
+    changed = 0
+    for node in list(graph.nodes):
+        if not _flat_arg_reduction_keeping_dims(node):
+            continue
+        value = _tensor(node)
+        with graph.inserting_before(node):
+            flat = _edge_call(graph, op_name(node.target).removeprefix("aten."), (node.args[0],), value.reshape(()))
+            ones = [1] * value.dim()
+            view = _edge_call(graph, "view_copy.default", (flat, ones), value)
+        _replace(program, node, view)
+        graph.erase_node(node)
+        changed += 1
+    if changed:
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d argmax/argmin over all elements given their kept dimensions explicitly", changed)
+    return changed
+
+
+_NEAREST = ("aten.upsample_nearest2d.default", "aten.upsample_nearest2d.vec")
+
+
+def _nearest_scales(node: torch.fx.Node) -> Optional[list]:
+    """[scale_h, scale_w] an upsample_nearest2d passes (None where it passes none), or None."""
+    if node.op != "call_function" or op_name(node.target) not in _NEAREST:
+        return None
+    if op_name(node.target).endswith(".vec"):
+        factors = node.args[2] if len(node.args) > 2 else None
+        return list(factors) if factors is not None else None
+    return [node.args[2] if len(node.args) > 2 else None, node.args[3] if len(node.args) > 3 else None]
+
+
+def _torch_scales(source: torch.Tensor, result: torch.Tensor, scales: list) -> list:
+    """The scales torch's nearest kernel acts on: where the output is the input's size or
+    twice it, torch copies or halves the index and ignores the scale; out / in says the same."""
+    acted = []
+    for scale, size_in, size_out in zip(scales, source.shape[-2:], result.shape[-2:]):
+        static = isinstance(size_in, int) and isinstance(size_out, int)
+        same_or_double = static and size_out in (size_in, 2 * size_in)
+        acted.append(size_out / size_in if same_or_double and scale is not None else scale)
+    return acted
+
+
+def nearest_scales_torch_ignores_dropped(program: ExportedProgram) -> int:
+    """torch's upsample_nearest2d ignores its scales along an axis whose output is the input's
+    size or twice it (it copies or halves the index), and uses 1 / scale on the others. Stock
+    1.5.1's MLX handler always steps by 1 / scale: `interpolate(x, scale_factor=2.2)` of a
+    3x3 x (output 6x6) read rows 0,0,0,1,1,2 where torch reads 0,0,1,1,2,2, silently. On
+    those axes the scale becomes out / in, which steps the same as torch. Returns how many
+    calls changed."""
+    graph = program.graph_module.graph
+    changed = 0
+    for node in graph.nodes:
+        scales = _nearest_scales(node)
+        source, result = _tensor(node.args[0]) if scales else None, _tensor(node)
+        if source is None or result is None:
+            continue
+        acted = _torch_scales(source, result, scales)
+        if acted == scales:
+            continue
+        if op_name(node.target).endswith(".vec"):
+            node.args = (node.args[0], node.args[1], acted)
+        else:
+            node.args = (*node.args[:2], *acted)
+        changed += 1
+    if changed:
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d nearest upsamplings given the scales torch acts on", changed)
+    return changed

@@ -335,3 +335,43 @@ def test_descending_sort_and_smallest_topk_match_eager_on_mlx():
     assert not cpu, cpu  # rewritten, not refused: all on MLX
     for out, expected in zip(compiler.run(artifact, inputs), model(*inputs)):
         assert out.dtype == expected.dtype and torch.equal(out, expected)
+
+
+def _matches_eager_exactly(model, inputs):
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    outputs, expected = compiler.run(artifact, inputs), model(*inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    assert len(outputs) == len(expected)
+    for out, want in zip(outputs, expected):
+        assert out.shape == want.shape and out.dtype == want.dtype, (out.shape, out.dtype, want.shape, want.dtype)
+        torch.testing.assert_close(out, want)
+    return artifact
+
+
+class FlatArgReductions(torch.nn.Module):
+    """argmax/argmin over all elements with keepdim=True: stock's handlers ignored keepdim (0-d result)."""
+
+    def forward(self, x):
+        return torch.argmax(x, keepdim=True), torch.argmin(x, keepdim=True) + 1
+
+
+def test_argmax_argmin_over_all_elements_keep_their_dims_on_mlx():
+    torch.manual_seed(0)
+    artifact = _matches_eager_exactly(FlatArgReductions(), (torch.randn(2, 3, 4),))
+    assert _placement(artifact, "aten.argmax.default")[0].where == "MLXBackend"
+    assert _placement(artifact, "aten.argmin.default")[0].where == "MLXBackend"
+
+
+class Nearest(torch.nn.Module):
+    """Scale factors whose output is the input's size or twice it: torch ignores the scale there."""
+
+    def forward(self, x):
+        f = torch.nn.functional
+        return f.interpolate(x, scale_factor=2.2), f.interpolate(x, scale_factor=(1.2, 1.7)) * 2.0
+
+
+def test_nearest_upsampling_with_a_scale_torch_ignores_matches_eager_on_mlx():
+    torch.manual_seed(0)
+    artifact = _matches_eager_exactly(Nearest(), (torch.randn(1, 2, 3, 5),))
+    rows = _placement(artifact, "aten.upsample_nearest2d.vec") + _placement(artifact, "aten.upsample_nearest2d.default")
+    assert rows and all(row.where == "MLXBackend" for row in rows), rows
