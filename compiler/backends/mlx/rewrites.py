@@ -273,3 +273,35 @@ def nearest_scales_torch_ignores_dropped(program: ExportedProgram) -> int:
         program.graph_module.recompile()
         logger.info("MLX: %d nearest upsamplings given the scales torch acts on", changed)
     return changed
+
+
+# Arguments that change no value (eager CPU ignores them), by op: their position in the schema.
+_NO_VALUE_ARGUMENTS = {
+    "aten.copy.default": ("non_blocking", 2),
+    "aten.expand_copy.default": ("implicit", 2),
+}
+
+
+def no_value_arguments_dropped(program: ExportedProgram) -> int:
+    """`copy(non_blocking=True)` and `expand(implicit=True)` compute what the defaults do, but
+    stock 1.5.1's MLX copy and expand handlers accept two arguments only and refuse them, and
+    ExecuTorch's CPU kernels fail at run time ("non_blocking == false", "implicit == false").
+    Each such call is given without the argument, which both lower right. Returns how many
+    calls changed."""
+    graph = program.graph_module.graph
+    changed = 0
+    for node in graph.nodes:
+        found = _NO_VALUE_ARGUMENTS.get(op_name(node.target)) if node.op == "call_function" else None
+        if found is None:
+            continue
+        name, position = found
+        if len(node.args) <= position and name not in node.kwargs:
+            continue
+        node.args = node.args[:position]
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != name}
+        changed += 1
+    if changed:
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d copy/expand calls given without arguments that change no value", changed)
+    return changed

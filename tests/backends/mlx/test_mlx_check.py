@@ -375,3 +375,18 @@ def test_nearest_upsampling_with_a_scale_torch_ignores_matches_eager_on_mlx():
     artifact = _matches_eager_exactly(Nearest(), (torch.randn(1, 2, 3, 5),))
     rows = _placement(artifact, "aten.upsample_nearest2d.vec") + _placement(artifact, "aten.upsample_nearest2d.default")
     assert rows and all(row.where == "MLXBackend" for row in rows), rows
+
+
+class NoValueArguments(torch.nn.Module):
+    """copy_(non_blocking=True) and expand(implicit=True): the same values as without them."""
+
+    def forward(self, x, y):
+        z = x * 1.0
+        z.copy_(y, non_blocking=True)
+        return z + 1.0, torch.ops.aten.expand.default(x[:, :1], [3, 4], implicit=True) * 2.0
+
+
+def test_copy_and_expand_with_arguments_that_change_no_value_run_on_mlx():
+    torch.manual_seed(0)
+    artifact = _matches_eager_exactly(NoValueArguments(), (torch.randn(3, 4), torch.randn(3, 4)))
+    assert all(row.where == "MLXBackend" for row in artifact.report.placement), artifact.report.placement
