@@ -27,7 +27,7 @@ DELEGATE_ID = "MLXBackend"
 # "<function _h at 0x..> failed for <EdgeOpOverload: aten.x.default>: schema = ... -> T: why"
 _HANDLER_FAILED = (
     re.compile(
-        r"<function (\w+) at 0x[0-9a-f]+> failed for <EdgeOpOverload: ([^>]+)>: "
+        r"<function ([\w.<>]+) at 0x[0-9a-f]+> failed for <EdgeOpOverload: ([^>]+)>: "
         r"schema = .*? -> (?:\([^)]*\)|[\w\[\]?]+): (.+)$"
     ),
     re.compile(r"<function (\w+) at 0x[0-9a-f]+> failed for ([\w.]+): (.+)$"),
