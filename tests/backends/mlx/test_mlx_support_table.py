@@ -150,13 +150,13 @@ INPUT_OVERRIDES: dict[str, Callable[[torch.dtype], tuple[tuple, dict]]] = {
         (_t((1, 2, 6, 6), d), _w((3, 2, 3, 3), d), _w((3,), d), [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
         {},
     ),
-    "aten.avg_pool1d.default": lambda d: ((_t((1, 2, 8), d), [2]), {}),
-    "aten.avg_pool2d.default": lambda d: ((_t((1, 2, 6, 6), d), [2, 2]), {}),
-    "aten.avg_pool3d.default": lambda d: ((_t((1, 2, 4, 4, 4), d), [2, 2, 2]), {}),
-    "aten.max_pool1d.default": lambda d: ((_t((1, 2, 8), d), [2]), {}),
-    "aten.max_pool1d_with_indices.default": lambda d: ((_t((1, 2, 8), d), [2]), {}),
-    "aten.max_pool2d_with_indices.default": lambda d: ((_t((1, 2, 6, 6), d), [2, 2]), {}),
-    "aten.max_pool3d_with_indices.default": lambda d: ((_t((1, 2, 4, 4, 4), d), [2, 2, 2]), {}),
+    "aten.avg_pool1d.default": lambda d: ((_t((1, 2, 7), d), [2]), {}),
+    "aten.avg_pool2d.default": lambda d: ((_t((1, 2, 7, 7), d), [2, 2]), {}),
+    "aten.avg_pool3d.default": lambda d: ((_t((1, 2, 5, 5, 5), d), [2, 2, 2]), {}),
+    "aten.max_pool1d.default": lambda d: ((_t((1, 2, 7), d), [2]), {}),
+    "aten.max_pool1d_with_indices.default": lambda d: ((_t((1, 2, 7), d), [2]), {}),
+    "aten.max_pool2d_with_indices.default": lambda d: ((_t((1, 2, 7, 7), d), [2, 2]), {}),
+    "aten.max_pool3d_with_indices.default": lambda d: ((_t((1, 2, 5, 5, 5), d), [2, 2, 2]), {}),
     "aten.upsample_nearest2d.default": lambda d: ((_t((1, 2, 3, 3), d), [6, 6]), {}),
     "aten.upsample_nearest2d.vec": lambda d: ((_t((1, 2, 3, 3), d), None, [2.0, 2.0]), {}),
     "aten.layer_norm.default": lambda d: ((_t(SHAPE, d), [4], _t((4,), d), _t((4,), d)), {}),
@@ -401,19 +401,26 @@ def test_op_lowers_and_matches_eager(label, dtype, request, slow_selected):
         if not request.node.get_closest_marker("slow"):
             pytest.fail(f"eager takes none of {FIRST_DTYPES} for {label}: fix its inputs")
         pytest.skip(f"eager does not take {dtype} for {label}")
+    _lowers_and_matches_eager(label, dtype, module)
+
+
+def _lowers_and_matches_eager(label: str, dtype: torch.dtype, module: OneOp, case: str = "") -> None:
+    """Compile `module` for MLX, check where `label` lands, run it and compare with eager
+    (`case` names a variant, for the VARIANT_ tables)."""
     expected = _eager(module)
-    if label in NO_VALID_PROGRAM:
+    if label in NO_VALID_PROGRAM or case in VARIANT_NO_VALID_PROGRAM:
         with pytest.raises(VerificationError, match="no kernel"):
             compiler.compile(module, module.example, backend="mlx")
         return
 
     artifact = compiler.compile(module, module.example, backend="mlx")  # a tagged node must lower
     _placement_is_explained(label, artifact)
-    if label in REFUSED or label in STOCK_REFUSED:
-        _assert_on_cpu(artifact, [label], REFUSED.get(label) or STOCK_REFUSED[label])
+    refused = VARIANT_REFUSED.get(case) or REFUSED.get(label) or STOCK_REFUSED.get(label)
+    if refused:
+        _assert_on_cpu(artifact, [label], refused)
     if label in REFUSED_OVER_INTEGERS and not dtype.is_floating_point:
         _assert_on_cpu(artifact, REFUSED_OVER_INTEGERS, "floating types only")
-    if label in NO_VALID_PROGRAM_OVER_INTEGERS and not dtype.is_floating_point:
+    if (label in NO_VALID_PROGRAM_OVER_INTEGERS and not dtype.is_floating_point) or case in VARIANT_FAILS_AT_RUN:
         with pytest.raises(RuntimeError, match="execute"):
             compiler.run(artifact, module.example)
         return
@@ -458,3 +465,252 @@ def test_max_pool_whose_indices_are_unread_stays_on_mlx():
     assert all(row.where == "MLXBackend" for row in artifact.report.placement)
     (out,) = compiler.run(artifact, (x,))
     torch.testing.assert_close(out, MaxPool()(x))
+
+
+# --- variants: each non-tensor argument with a default, at another value ----------------
+#
+# The cases above pass non-tensor arguments at their defaults, so a handler that ignores
+# one (stock's sort ignored `descending`) passes them. Here each such argument of each
+# buildable op is set, one at a time, to a value other than the base case's, chosen by its
+# schema type and name: the first candidate eager takes whose output differs from the base
+# case's (else the first eager takes, and the table row says "same output"). The default
+# run takes one value per argument; `-m slow` adds the other dtypes.
+
+# Arguments with one meaning on this CPU, whatever value they are given: the reason.
+NO_OTHER_VALUE = {
+    "layout": "torch.strided is the only layout these ops take",
+    "device": "the CPU is the only device here",
+    "pin_memory": "pinning needs an accelerator",
+}
+# Arguments that change nothing unless another one is set too: what is set with them.
+COMPANIONS = {
+    "count_include_pad": lambda n: {"padding": [1] * n},  # counts padding only where there is some
+    "output_padding": lambda n: {"stride": [2] * n},  # must be smaller than the stride
+}
+# (op, argument) -> a value that only one op's other arguments decide.
+VALUES = {
+    ("aten.repeat_interleave.self_int", "output_size"): 6,  # the size the output has: 3 repeated twice
+}
+# (op, argument) -> inputs under which the argument can take another value: (dtype) -> (args, kwargs).
+VARIANT_INPUTS: dict[tuple[str, str], Callable[[torch.dtype], tuple[tuple, dict]]] = {
+    ("aten.conv1d.default", "groups"): lambda d: ((_t((1, 2, 8), d), _w((4, 1, 3), d), _w((4,), d)), {}),
+    ("aten.conv2d.default", "groups"): lambda d: ((_t((1, 2, 6, 6), d), _w((4, 1, 3, 3), d), _w((4,), d)), {}),
+    ("aten.conv3d.default", "groups"): lambda d: (
+        (_t((1, 2, 4, 4, 4), d), _w((4, 1, 3, 3, 3), d), _w((4,), d)),
+        {},
+    ),
+    ("aten.conv3d.default", "dilation"): lambda d: ((_t((1, 2, 6, 6, 6), d), _w((3, 2, 3, 3, 3), d), _w((3,), d)), {}),
+    ("aten.conv_transpose1d.default", "groups"): lambda d: ((_t((1, 2, 5), d), _w((2, 3, 3), d), _w((6,), d)), {}),
+    ("aten.conv_transpose2d.input", "groups"): lambda d: (
+        (_t((1, 2, 4, 4), d), _w((2, 3, 3, 3), d), _w((6,), d)),
+        {},
+    ),
+    ("aten.conv_transpose3d.input", "groups"): lambda d: (
+        (_t((1, 2, 3, 3, 3), d), _w((2, 3, 2, 2, 2), d), _w((6,), d)),
+        {},
+    ),
+    ("aten.clone.default", "memory_format"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+    ("aten._to_copy.default", "memory_format"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+    ("dim_order_ops._clone_dim_order.default", "dim_order"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+    ("dim_order_ops._to_dim_order_copy.default", "dim_order"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+}
+# Variants our rules (compiler/backends/mlx/support.py) send to the CPU: case id -> reason text.
+VARIANT_REFUSED: dict[str, str] = {}
+# Variants with no valid program: stock's MLX handler refuses them and the CPU runtime has no kernel.
+_NO_AVG_POOL3D = "stock's pool handler refuses it, and the runtime has no CPU avg_pool3d kernel"
+VARIANT_NO_VALID_PROGRAM = {
+    "aten.avg_pool3d.default-ceil_mode=True": _NO_AVG_POOL3D,
+    "aten.avg_pool3d.default-count_include_pad=False+padding=[1,1,1]": _NO_AVG_POOL3D,
+    "aten.avg_pool3d.default-divisor_override=3": _NO_AVG_POOL3D,
+}
+# ...and those whose CPU kernel fails when the program runs.
+_NO_GROUPED_CONV3D = "stock's _emit_conv refuses 3-D groups != 1, and the portable CPU kernel has no 3-D convolution"
+VARIANT_FAILS_AT_RUN = {
+    "aten.conv3d.default-groups=2": _NO_GROUPED_CONV3D,
+    "aten.conv_transpose3d.input-groups=2": _NO_GROUPED_CONV3D,
+}
+
+
+def _is_tensor_type(kind: str) -> bool:
+    return "Tensor" in kind
+
+
+def _bound(op, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """name -> the value the call passes (its default when it passes none)."""
+    values = {}
+    for position, argument in enumerate(op._schema.arguments):
+        if not argument.kwarg_only and position < len(args):
+            values[argument.name] = args[position]
+        elif argument.name in kwargs:
+            values[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            values[argument.name] = argument.default_value
+    return values
+
+
+def _changed(op, args: tuple, kwargs: dict, changes: dict[str, Any]) -> tuple[tuple, dict]:
+    """The call with `changes` made: in place where passed by position, else by keyword."""
+    args, kwargs = list(args), dict(kwargs)
+    positions = {a.name: i for i, a in enumerate(op._schema.arguments) if not a.kwarg_only}
+    for name, value in changes.items():
+        if positions.get(name, len(args)) < len(args):
+            args[positions[name]] = value
+        else:
+            kwargs[name] = value
+    return tuple(args), kwargs
+
+
+def _spatial(bound: dict[str, Any]) -> int:
+    """How many spatial dimensions a pool or convolution call has (entries of its stride, padding, ...)."""
+    return len(bound.get("kernel_size") or bound.get("stride") or [])
+
+
+def _dtype_candidates(dtype: torch.dtype) -> list[torch.dtype]:
+    return [d for d in (torch.float16, torch.float32, torch.int32) if d != dtype]
+
+
+def _candidates(argument, bound: dict[str, Any], dtype: torch.dtype) -> list:
+    """Values for a non-tensor argument, by schema type and name, most telling first."""
+    kind, name = str(argument.type), argument.name
+    if kind.startswith("Optional["):
+        kind = kind[len("Optional[") : -1]
+    n = _spatial(bound)
+    by_name = {
+        "dtype": _dtype_candidates(dtype),
+        "memory_format": [torch.channels_last, torch.contiguous_format],
+        "dim_order": [[0, 2, 3, 1], [0, 1, 2]],
+        "dim": [1, 0, -1, -2] if kind == "int" else [[1], [0], [-1]],
+        "dims": [[1], [0], [-1]],
+        "diagonal": [1, -1],
+        "start": [1, -2],
+        "end": [-1],
+        "correction": [0, 2],
+        "eps": [0.1],
+        "scales_h": [3.0],
+        "scales_w": [3.0],
+        "stride": [[1] * n, [2] * n],
+        "padding": [[1] * n],
+        "dilation": [[2] * n],
+        "output_padding": [[1] * n],
+        "approximate": ["tanh"],
+        "divisor_override": [3],
+    }
+    if name in by_name:
+        return by_name[name]
+    if kind == "bool":
+        return [not argument.default_value]
+    if kind == "int":
+        return [2, 1]
+    if kind in ("number", "float"):
+        return [0.5, 2, -0.5] if dtype.is_floating_point else [2, -1, 0.5]
+    return []
+
+
+def _same(left: list[torch.Tensor], right: list[torch.Tensor]) -> bool:
+    return len(left) == len(right) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(left, right)
+    )
+
+
+def _base_call(label: str, name: str, dtype: torch.dtype) -> tuple[tuple, dict]:
+    op = claimed()[label]
+    torch.manual_seed(0)
+    if (label, name) in VARIANT_INPUTS:
+        return VARIANT_INPUTS[(label, name)](dtype)
+    return schema_inputs(label, op, dtype)
+
+
+def variant_program(label: str, dtype: torch.dtype, changes: dict[str, Any]) -> OneOp | None:
+    """The one-op module for `label` over `dtype` with `changes` made, or None when eager refuses it."""
+    op = claimed()[label]
+    args, kwargs = _base_call(label, next(iter(changes)), dtype)
+    module = OneOp(op, *_changed(op, args, kwargs, changes)).eval()
+    return module if _eager(module) is not None else None
+
+
+def _variant(label: str, argument, dtype: torch.dtype) -> tuple[dict[str, Any] | None, str]:
+    """(changes, note) for one argument: the arguments to set, or None and why there are none."""
+    if argument.name in NO_OTHER_VALUE:
+        return None, NO_OTHER_VALUE[argument.name]
+    op = claimed()[label]
+    args, kwargs = _base_call(label, argument.name, dtype)
+    bound = _bound(op, args, kwargs)
+    base = _eager(OneOp(op, args, kwargs))
+    if (label, argument.name) in VALUES:
+        candidates = [VALUES[(label, argument.name)]]
+    else:
+        candidates = _candidates(argument, bound, dtype)
+    n = _spatial(bound)
+    taken = None
+    for value in candidates:
+        if value == bound.get(argument.name):
+            continue
+        changes = {argument.name: value, **COMPANIONS.get(argument.name, lambda _: {})(n)}
+        module = variant_program(label, dtype, changes)
+        if module is None:
+            continue
+        if base is None or not _same(_eager(module), base):
+            return changes, ""
+        taken = taken or changes
+    if taken:
+        return taken, "same output"
+    return None, f"eager takes none of {candidates} for {argument.name}"
+
+
+def _variant_id(label: str, changes: dict[str, Any]) -> str:
+    def shown(value):
+        return str(value).removeprefix("torch.").replace(" ", "")
+
+    return label + "-" + "+".join(f"{name}={shown(value)}" for name, value in changes.items())
+
+
+def _varied_arguments(label: str) -> list:
+    op = claimed()[label]
+    return [
+        a for a in op._schema.arguments if a.has_default_value() and not _is_tensor_type(str(a.type))
+    ]
+
+
+@functools.cache
+def _variants() -> tuple[list, list]:
+    """(cases, skips): one case per defaulted non-tensor argument of every buildable op."""
+    cases, skips = [], []
+    for label in _buildable():
+        dtype = _first_dtype(label)
+        for argument in _varied_arguments(label):
+            changes, note = _variant(label, argument, dtype)
+            if changes is None:
+                skips.append(pytest.param(label, argument.name, note, id=f"{label}-{argument.name}"))
+                continue
+            case_id = _variant_id(label, changes)
+            cases.append(pytest.param(label, dtype, changes, note, id=f"{case_id}-{str(dtype)[6:]}"))
+            for more in MORE_DTYPES:
+                if more != dtype:
+                    slow = [pytest.mark.slow]
+                    cases.append(pytest.param(label, more, changes, note, id=f"{case_id}-{str(more)[6:]}", marks=slow))
+    return cases, skips
+
+
+@pytest.mark.parametrize(("label", "dtype", "changes", "note"), _variants()[0])
+def test_op_with_an_argument_off_its_default_matches_eager(label, dtype, changes, note, request, slow_selected):
+    if request.node.get_closest_marker("slow") and not slow_selected:
+        pytest.skip("more dtypes: run with -m slow")
+    module = variant_program(label, dtype, changes)
+    if module is None:
+        pytest.skip(f"eager does not take {dtype} for {label} with {changes}")
+    case_id = _variant_id(label, changes)
+    print(f"\nVARIANT {case_id} {note}", end="")
+    _lowers_and_matches_eager(label, dtype, module, case_id)
+
+
+@pytest.mark.parametrize(("label", "name", "reason"), _variants()[1])
+def test_argument_without_another_value(label, name, reason):
+    pytest.skip(f"{label} {name}: {reason}")
+
+
+def test_every_listed_variant_is_a_case():
+    ids = {_variant_id(case.values[0], case.values[2]) for case in _variants()[0]}
+    for table in (VARIANT_REFUSED, VARIANT_NO_VALID_PROGRAM, VARIANT_FAILS_AT_RUN):
+        assert set(table) <= ids, set(table) - ids  # no stale entries
+    for label, name in (*VARIANT_INPUTS, *VALUES):
+        assert name in {a.name for a in _varied_arguments(label)}, (label, name)
