@@ -16,7 +16,8 @@ A node whose output size depends on the data (an unbacked symbol such as `u0`:
 a boolean-mask index, `nonzero`) is never kept whole, whatever the backend asks:
 renamed into the no-decompose namespace it is traced with its meta kernel, which
 cannot make such a size (`UnsupportedOperatorException: EDGE_DO_NOT_DECOMP.index.Tensor`
-for SmolVLA's patch-position merge kept whole for Core ML).
+for SmolVLA's patch-position merge kept whole for Core ML). Nor is a node that
+passes a Python number where its schema takes a Tensor (`div.Tensor_mode(i, 3)`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,30 @@ def data_dependent_size(node: torch.fx.Node) -> str | None:
     )
 
 
+def number_for_a_tensor(node: torch.fx.Node) -> str | None:
+    """Why `node` cannot be kept whole because it passes a Python number where its schema
+    takes a Tensor (`torch.div(i, 3, rounding_mode="floor")` is recorded as
+    `div.Tensor_mode(i, 3)`): decomposition wraps the number, but renamed into the
+    no-decompose namespace the op is called under its own schema, which refuses it."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return None
+    for position, argument in enumerate(schema.arguments):
+        if not isinstance(argument.type, torch.TensorType):
+            continue
+        value = node.kwargs.get(argument.name, node.args[position] if position < len(node.args) else None)
+        if isinstance(value, (bool, int, float)):
+            return (
+                f"it passes the number {value} as its Tensor argument '{argument.name}': kept whole, "
+                "it would be called under its own schema, which refuses a number there"
+            )
+    return None
+
+
+# Each: node -> why it cannot be kept whole whatever the backend asks, or None.
+_CANNOT_KEEP_WHOLE = (data_dependent_size, number_for_a_tensor)
+
+
 def requested_nodes(program: ExportedProgram, backend: Backend) -> tuple[list[torch.fx.Node], dict[str, str]]:
     """The ATen nodes the backend asks to keep whole that can be, and why the others cannot."""
     keep = backend.keep_whole(program)
@@ -60,7 +85,11 @@ def requested_nodes(program: ExportedProgram, backend: Backend) -> tuple[list[to
         for node in call_nodes(program)
         if node.target in ops and (keep.node_filter is None or keep.node_filter(node))
     ]
-    refused = {node.name: why for node in asked if (why := data_dependent_size(node))}
+    refused = {}
+    for node in asked:
+        why = next((reason for rule in _CANNOT_KEEP_WHOLE if (reason := rule(node))), None)
+        if why:
+            refused[node.name] = why
     return [node for node in asked if node.name not in refused], refused
 
 

@@ -173,3 +173,17 @@ def test_a_node_of_data_dependent_size_is_not_kept_whole(backend):
     assert name not in plan.nodes and "depends on the data (u" in plan.dropped[name]
     if not isinstance(backend, str):
         assert torch.equal(compiler.run(artifact, args)[0], model(*args))
+
+
+class FloorByNumber(torch.nn.Module):
+    def forward(self, x):
+        return torch.div(x, 3, rounding_mode="floor")  # recorded as div.Tensor_mode(x, 3)
+
+
+def test_a_node_passing_a_number_for_a_tensor_is_not_kept_whole():
+    model, args = FloorByNumber(), (torch.randn(2, 5) * 10,)
+    artifact = compiler.compile(model, args, "mlx")  # MLX asks to keep div.Tensor_mode whole
+    plan = artifact.stages["dry_run"].keep_whole
+    (name,) = [n.name for n in artifact.stages["dry_run"].program.graph.nodes if n.target == torch.ops.aten.div.Tensor_mode]
+    assert name not in plan.nodes and "the number 3 as its Tensor argument 'other'" in plan.dropped[name]
+    torch.testing.assert_close(compiler.run(artifact, args)[0], model(*args))

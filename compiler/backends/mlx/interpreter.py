@@ -365,7 +365,15 @@ class Interpreter:
                     hint="add a function for it to a compiler/backends/mlx/nodes_*.py module, "
                     "or run the program on Apple silicon with ExecuTorch's MLX runtime",
                 )
-            function(self, node.fields)
+            try:
+                function(self, node.fields)
+            except (ValueError, RuntimeError, IndexError) as exc:  # what mlx raises where the runtime throws
+                raise MLXNodeFailure(
+                    f"payload node {node.kind} failed as the MLX runtime would: {str(exc).strip().splitlines()[0]}",
+                    nodes=[node.kind],
+                    hint="the payload itself is wrong for the MLX runtime (a lowering bug): "
+                    "report it with the program; the device would fail the same way",
+                ) from exc
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         if len(inputs) != len(self.graph.inputs):

@@ -270,6 +270,24 @@ def ignored_argument(node: torch.fx.Node) -> Optional[str]:
     return f"{name}={value}: ExecuTorch 1.5.1's MLX handler ignores {name} (it computes {name}={honoured})"
 
 
+def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
+    """The MLX runtime floor-divides integers through mlx::divide, which promotes to float:
+    `i // 2` comes out 3.5 for 7, and an op after it computes on that (a gather refuses
+    it as an index; `(i // 2) * 2` gives 7). ExecuTorch's own MoE lowering casts back for
+    this reason. Integer floor division stays on the CPU."""
+    name = op_name(node.target)
+    floor = name == "aten.floor_divide.default" or (
+        name == "aten.div.Tensor_mode" and node.kwargs.get("rounding_mode") == "floor"
+    )
+    value = node.meta.get("val")
+    if not floor or not isinstance(value, torch.Tensor) or value.dtype.is_floating_point:
+        return None
+    return (
+        f"{str(value.dtype).removeprefix('torch.')} floor division: the MLX runtime divides "
+        "integers through mlx::divide, which returns float (7 // 2 gives 3.5)"
+    )
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
 RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     boolean_index,
@@ -280,6 +298,7 @@ RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     unwritten_output_read,
     integer_matmul_or_conv,
     ignored_argument,
+    integer_floor_division,
 )
 
 

@@ -390,3 +390,35 @@ def test_copy_and_expand_with_arguments_that_change_no_value_run_on_mlx():
     torch.manual_seed(0)
     artifact = _matches_eager_exactly(NoValueArguments(), (torch.randn(3, 4), torch.randn(3, 4)))
     assert all(row.where == "MLXBackend" for row in artifact.report.placement), artifact.report.placement
+
+
+class IntegerFloorDivision(torch.nn.Module):
+    def forward(self, x, i):
+        j = (i // 2) * 2 + 1  # a float 3.5 on MLX for 7: as an index MLX refuses it
+        k = torch.div(i, 3, rounding_mode="floor") * 3
+        return x[j], j, k
+
+
+def _floor_division_case():
+    return IntegerFloorDivision(), (torch.randn(10, 3), torch.tensor([0, 3, 7, 8]))
+
+
+def test_integer_floor_division_stays_on_cpu_and_matches_eager():
+    model, inputs = _floor_division_case()
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    cpu = {p.op: p.reason for p in artifact.stages["partition"].plan.nodes if p.tag is None}
+    assert "mlx::divide" in cpu["aten.div.Tensor_mode"]
+    for out, expected in zip(compiler.run(artifact, inputs), model(*inputs)):
+        assert out.dtype == expected.dtype and torch.equal(out, expected)
+
+
+def test_without_the_rule_the_payload_fails_as_the_runtime_would(monkeypatch):
+    from compiler.backends.mlx import support
+    from compiler.backends.mlx.interpreter import MLXNodeFailure
+
+    monkeypatch.setattr(support, "RULES", tuple(r for r in support.RULES if r is not support.integer_floor_division))
+    model, inputs = _floor_division_case()
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    with pytest.raises(MLXNodeFailure) as err:
+        compiler.run(artifact, inputs)
+    assert err.value.nodes == ("TakeNode",) and "integral" in str(err.value)
