@@ -220,13 +220,6 @@ class ReturnsMaxAlongDim(torch.nn.Module):
         return x.max(dim=-1)  # a torch.return_types.max, not a tuple
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StageFailure,
-    reason="the output spec holds torch.return_types.max, which ExecuTorch's emitter cannot serialize "
-    "(No registered serialization name; stock to_executorch fails the same): capture (or emit) should "
-    "hand on such outputs as tuples. Stage files already carry them (compiler/ir/serialize.py)",
-)
 def test_a_model_returning_return_types_compiles():
     model, x = ReturnsMaxAlongDim(), torch.randn(3, 5)
     artifact = compiler.compile(model, (x,), "portable")

@@ -3,9 +3,8 @@
 A stage file is ExecuTorch's serialized ExportedProgram (a zip) with one more
 member, a JSON manifest naming the artifact type, the stage that produced it,
 the backend, and what the graph alone cannot carry (the placement plan, the
-ops kept whole, which values are symbolic floats, which outputs are
-torch.return_types). Delegation tags live in node metadata, which serialization
-drops, so they are re-applied from the plan on load.
+ops kept whole, which values are symbolic floats). Delegation tags live in node
+metadata, which serialization drops, so they are re-applied from the plan on load.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import Any, Iterator
 import attrs
 import torch
 from torch._guards import detect_fake_mode
-from torch.utils import _pytree as pytree
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from executorch.exir import EdgeCompileConfig
@@ -88,10 +86,7 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend:
         n.name: len(n.args) for n in artifact.program.graph.nodes if n.op == "call_function"
     }
     manifest["symbolic_floats"] = [n.name for n in _symbolic_float_nodes(artifact.program)]
-    with _symbolic_floats_as_placeholder_ints(artifact.program), _output_structseqs_as_tuples(
-        artifact.program
-    ) as structseqs:
-        manifest["output_structseqs"] = structseqs
+    with _symbolic_floats_as_placeholder_ints(artifact.program):
         save_program(artifact.program, os.fspath(path), extra_files={MANIFEST: json.dumps(manifest)})
 
 
@@ -120,7 +115,6 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
         raise ResumeError(f"resume file {path!r} has an unknown format {manifest.get('format')!r}", hint=hint)
     _restore_placeholder_names(program, manifest.get("placeholders", []), manifest.get("forward_arg_names"))
     _restore_symbolic_floats(program, manifest.get("symbolic_floats", []))
-    _restore_output_structseqs(program, manifest.get("output_structseqs", []))
     _restore_positional_args(program, manifest.get("positional_args", {}))
     _drop_unused_tuple_accesses(program)
     artifact_type = RESUMABLE_TYPES[manifest["artifact"]]
@@ -188,59 +182,6 @@ def _restore_symbolic_floats(program, names: list[str]) -> None:
             value = node.target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args))
         node.meta["val"] = value
     logger.debug("restored %d symbolic floats", len(nodes))
-
-
-def _tuples_for_structseqs(spec: pytree.TreeSpec, names: list[str | None]) -> pytree.TreeSpec:
-    """`spec` with each `torch.return_types` node (a structseq) made a tuple; `names` gets,
-    per inner node in preorder, the structseq's name or None."""
-    if spec.is_leaf():
-        return spec
-    structseq = pytree.is_structseq_class(spec.type)
-    names.append(spec.type.__name__ if structseq else None)
-    children = [_tuples_for_structseqs(child, names) for child in spec.children()]
-    return pytree.TreeSpec(tuple if structseq else spec.type, None if structseq else spec.context, children)
-
-
-def _structseqs_for_tuples(spec: pytree.TreeSpec, names: list[str | None]) -> pytree.TreeSpec:
-    """The inverse of `_tuples_for_structseqs`; consumes `names` from the front."""
-    if spec.is_leaf():
-        return spec
-    name = names.pop(0)
-    children = [_structseqs_for_tuples(child, names) for child in spec.children()]
-    if name is None:
-        return pytree.TreeSpec(spec.type, spec.context, children)
-    return pytree.TreeSpec(getattr(torch.return_types, name), None, children)
-
-
-@contextlib.contextmanager
-def _output_structseqs_as_tuples(program) -> Iterator[list[str | None]]:
-    """A forward returning `x.max(dim=-1)` (torch.return_types.max) has an output spec that
-    no serializer can write ("No registered serialization name for <class
-    'torch.return_types.max'>"). While saving, such outputs read as tuples; yields what
-    the manifest needs to give them back (empty when there are none)."""
-    signature = program.module_call_graph[0].signature
-    original = getattr(signature, "out_spec", None)
-    names: list[str | None] = []
-    if original is None:
-        yield names
-        return
-    replaced = _tuples_for_structseqs(original, names)
-    if not any(names):
-        names.clear()
-        yield names
-        return
-    signature.out_spec = replaced
-    try:
-        yield names
-    finally:
-        signature.out_spec = original
-
-
-def _restore_output_structseqs(program, names: list[str | None]) -> None:
-    """Put back the torch.return_types outputs saved as tuples (callers unflatten by them)."""
-    if names:
-        signature = program.module_call_graph[0].signature
-        signature.out_spec = _structseqs_for_tuples(signature.out_spec, list(names))
 
 
 def _restore_positional_args(program, positional: dict[str, int]) -> None:

@@ -9,6 +9,11 @@ The model's own parameters and buffers that are views into a larger storage
 serialize a constant's storage from its start (XNNPACK then reads `table[0:8]`
 for `high = table[8:]`: silently wrong). From capture on, every program's
 constants own their bytes, an invariant each artifact type checks.
+
+Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
+handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
+name those types ("No registered serialization name"), and the program's
+outputs are a flat list of tensors anyway.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 
 import torch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
@@ -46,6 +52,21 @@ def own_model_views(ep: ExportedProgram) -> list[str]:
     return owned
 
 
+def _structseqs_as_tuples(spec: pytree.TreeSpec) -> pytree.TreeSpec:
+    if spec.is_leaf():
+        return spec
+    children = [_structseqs_as_tuples(child) for child in spec.children()]
+    if pytree.is_structseq_class(spec.type):
+        return pytree.TreeSpec(tuple, None, children)
+    return pytree.TreeSpec(spec.type, spec.context, children)
+
+
+def return_types_as_tuples(ep: ExportedProgram) -> None:
+    signature = ep.module_call_graph[0].signature
+    if signature is not None and signature.out_spec is not None:
+        signature.out_spec = _structseqs_as_tuples(signature.out_spec)
+
+
 class Capture(Stage):
     name = "capture"
     takes = EagerModel
@@ -69,6 +90,7 @@ class Capture(Stage):
                 hint="make forward() traceable (no data-dependent Python control flow, "
                 "no unsupported Python objects); run with --traceback for the full export error",
             ) from exc
+        return_types_as_tuples(program)
         owned = own_model_views(program)
         if owned:
             ctx.metrics["views_owned"] = len(owned)
