@@ -387,27 +387,6 @@ def test_torchao_weight_folds_into_its_int8_parts_and_stays_quantized():
         assert torch.allclose(folded.module()(x), model(x), atol=1e-5)
 
 
-def test_torchao_int4_linear_compiles_for_xnnpack():
-    model, x = _torchao_int4_linear()
-    artifact = compiler.compile(model, (x,), "xnnpack")
-    fold_record = next(r for r in artifact.report.stages if r.stage == "fold")
-    assert fold_record.metrics["folded"] == 3
-    assert artifact.program.plan.partitions and not artifact.program.plan.cpu_nodes
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="stock ExecuTorch 1.5.1's XNNPACK lowering of a weight-only int4 dequantize_affine + linear "
-    "drops the group scales (the delegate computes x @ qdata.T + b); stock to_edge_transform_and_lower "
-    "gives the same result",
-)
-def test_torchao_int4_linear_on_xnnpack_matches_eager():
-    model, x = _torchao_int4_linear()
-    artifact = compiler.compile(model, (x,), "xnnpack")
-    with torch.no_grad():
-        assert torch.allclose(compiler.run(artifact, (x,))[0], model(x), atol=1e-3)
-
-
 def test_torchao_int4_linear_on_portable_is_a_named_error_not_a_crash():
     """The runtime has no kernel for torchao.dequantize_affine (stock: "Missing out variants")."""
     model, x = _torchao_int4_linear()

@@ -14,6 +14,7 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import fo
 from executorch.exir.backend.utils import WhyNoPartition
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
+from compiler.backends.xnnpack import rules
 
 _XNNPACK_LOGGER = "executorch.backends.xnnpack"
 
@@ -63,9 +64,10 @@ class XnnpackBackend(Backend):
         return None  # the keep-whole filter is the very check XNNPACK's partitioner takes nodes by
 
     def partition(self, program: ExportedProgram) -> BackendPartition:
+        dequantized_here = rules.dequantize_with_plain_ops(program)  # stock would drop their scales
         with _collect_refusals() as collector:
             result = self.partitioner.partition(program)
-        return BackendPartition(dict(result.partition_tags), collector.reasons)
+        return BackendPartition(dict(result.partition_tags), {**collector.reasons, **dequantized_here})
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         target = format_target_name(getattr(node.target, "__name__", str(node.target)))

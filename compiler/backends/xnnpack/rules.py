@@ -1,0 +1,236 @@
+"""What stock XNNPACK 1.5.1 lowers wrongly, and the rewrite that keeps it off the delegate.
+
+A torchao `dequantize_affine` of a weight is lowered right by the XNNPACK delegate
+only as the weight of a GEMM whose activation is dynamically quantized (int8 per
+token: XNNPACK's qd8 x qc8w / qb4w kernels). A weight-only quantized Linear
+(torchao `IntxWeightOnlyConfig`) has a float activation: stock's `LinearConfig`
+refuses it, so the linear decomposes to `permute_copy` + `addmm`, and then
+`AddmmConfig.get_deps_from_src_partition` walks the weight argument back to the
+source partition's input, past the `dequantize_affine`, to the raw int8 qdata: the
+GEMM is taken as FP32 with the whole source partition, and `OpDequantizeAffine`
+skips a per-channel-group dequantize on a weight as if a quantized GEMM would read
+its scales. Nothing does: the delegate computes `x @ qdata.T + b` (stock
+`to_edge_transform_and_lower(XnnpackPartitioner())` gives the same wrong numbers).
+
+Such a `dequantize_affine` is rewritten into plain Edge ops (cast, subtract the
+zero point, multiply by the scale, per block) before the partition search: the
+weight stays int8 in the program, the casts run on the CPU's portable kernels
+(which have no kernel for `torchao.dequantize_affine` itself), XNNPACK may take the
+float sub and mul, and the GEMM reading a computed weight is left on the CPU by
+stock's own rule (a float GEMM's weight must be static).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+from torch.export import ExportedProgram
+
+from executorch.backends.xnnpack.utils.quant_utils import is_dynamic_qdq
+from executorch.exir.dialects._ops import ops as exir_ops
+
+from compiler.ir.dialect import op_name
+from compiler.ir.errors import CompileError
+
+logger = logging.getLogger(__name__)
+
+DEQUANTIZE_AFFINE = "torchao.dequantize_affine.default"
+
+# GEMM op -> (weight argument, activation argument), as stock's GEMM configs read them.
+_GEMM_ARGUMENTS = {
+    "aten.linear.default": (1, 0),
+    "aten.convolution.default": (1, 0),
+    "aten.mm.default": (1, 0),
+    "aten.addmm.default": (2, 1),
+}
+
+WEIGHT_ONLY_REASON = (
+    "XNNPACK 1.5.1 drops the scales of a dequantize_affine outside a dynamically quantized "
+    "GEMM (x @ qdata.T), so it becomes plain cast, sub and mul ops"
+)
+GEMM_REASON = (
+    "its weight is dequantized by plain ops (weight-only quantization) and XNNPACK's float "
+    "GEMMs take static weights only; Int8DynamicActivationIntxWeightConfig runs on XNNPACK"
+)
+# Ops between a dequantized weight and the GEMM reading it (linear decomposes to permute + addmm).
+_WEIGHT_LAYOUT_OPS = {"aten.permute_copy.default", "aten.t_copy.default", "aten.view_copy.default"}
+
+
+def _is_dequantize_affine(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and op_name(node.target) == DEQUANTIZE_AFFINE
+
+
+def _dynamic_gemm_weight(dequantize: torch.fx.Node, user: torch.fx.Node) -> bool:
+    """`user` is a GEMM reading `dequantize` as its weight and an int8 dynamically
+    quantized activation: the one pattern XNNPACK lowers with the scales."""
+    if user.op != "call_function":
+        return False
+    arguments = _GEMM_ARGUMENTS.get(op_name(user.target))
+    if arguments is None or len(user.args) <= max(arguments):
+        return False
+    weight, activation = (user.args[i] for i in arguments)
+    return weight is dequantize and isinstance(activation, torch.fx.Node) and is_dynamic_qdq(activation)
+
+
+def scales_dropped(node: torch.fx.Node) -> Optional[str]:
+    """Why XNNPACK must not lower this dequantize_affine (it would drop its scales), or None."""
+    if not _is_dequantize_affine(node) or is_dynamic_qdq(node):
+        return None  # not a dequantize_affine, or the activation side of a dynamic GEMM
+    if node.users and all(_dynamic_gemm_weight(node, user) for user in node.users):
+        return None
+    return WEIGHT_ONLY_REASON
+
+
+def _argument(node: torch.fx.Node, position: int, name: str, default):
+    if len(node.args) > position:
+        return node.args[position]
+    return node.kwargs.get(name, default)
+
+
+def _blocked_shapes(block_size: list[int], shape: list[int]) -> tuple[list[int], list[int]]:
+    """(the input's shape with every partial block dim split in (blocks, block), the
+    scale's shape broadcast against it): torchao's `_get_reduction_params`, inverted."""
+    blocked, per_block = [], []
+    for block, size in zip(block_size, shape):
+        if block != size and block > 1:
+            blocked += [size // block, block]
+            per_block += [size // block, 1]
+        else:
+            blocked.append(size)
+            per_block.append(1 if block != 1 else size)
+    return blocked, per_block
+
+
+def _call(graph: torch.fx.Graph, op, args: tuple, value: torch.Tensor, kwargs: dict | None = None) -> torch.fx.Node:
+    node = graph.call_function(op, args, kwargs or {})
+    node.meta["val"] = value
+    return node
+
+
+def _view(graph: torch.fx.Graph, source: torch.fx.Node, shape: list[int]) -> torch.fx.Node:
+    value = source.meta["val"]
+    if list(value.shape) == list(shape):
+        return source
+    return _call(graph, exir_ops.edge.aten.view_copy.default, (source, list(shape)), value.reshape(shape).clone())
+
+
+def _cast(graph: torch.fx.Graph, source: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    value = source.meta["val"]
+    if value.dtype == dtype:
+        return source
+    dim_order = list(range(value.dim()))
+    return _call(
+        graph,
+        exir_ops.edge.dim_order_ops._to_dim_order_copy.default,
+        (source,),
+        value.to(dtype),
+        {"dtype": dtype, "dim_order": dim_order},
+    )
+
+
+def _binary(graph: torch.fx.Graph, op, left: torch.fx.Node, right: torch.fx.Node, compute) -> torch.fx.Node:
+    return _call(graph, op, (left, right), compute(left.meta["val"], right.meta["val"]))
+
+
+def _static(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and all(isinstance(d, int) for d in value.shape)
+
+
+def _decompose_dequantize(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
+    """The nodes computing what torchao's `dequantize_affine` computes:
+    (float(q) - float(zero_point)) * scale, per block, in the output dtype."""
+    quantized, block_size, scale, zero_point = node.args[:4]
+    output_dtype = _argument(node, 7, "output_dtype", torch.float32)
+    shape = list(quantized.meta["val"].shape)
+    blocked, per_block = _blocked_shapes(list(block_size), shape)
+    with graph.inserting_before(node):
+        value = _cast(graph, _view(graph, quantized, blocked), output_dtype)
+        if zero_point is not None:
+            zero = _cast(graph, _view(graph, zero_point, per_block), output_dtype)
+            value = _binary(graph, exir_ops.edge.aten.sub.Tensor, value, zero, torch.sub)
+        value = _binary(graph, exir_ops.edge.aten.mul.Tensor, value, _view(graph, scale, per_block), torch.mul)
+        return _cast(graph, _view(graph, value, shape), output_dtype)
+
+
+def _decomposable(node: torch.fx.Node) -> bool:
+    """Static shapes whose blocks divide them, as torchao itself asserts."""
+    quantized, block_size, scale = node.args[:3]
+    if not all(_static(n) for n in (quantized, scale)):
+        return False
+    shape = list(quantized.meta["val"].shape)
+    blocked, per_block = _blocked_shapes(list(block_size), shape)
+    zero_point = node.args[3] if len(node.args) > 3 else None
+    return (
+        len(block_size) == len(shape)
+        and all(b <= 1 or s % b == 0 for b, s in zip(block_size, shape))
+        and math.prod(per_block) == scale.meta["val"].numel()
+        and (zero_point is None or (_static(zero_point) and zero_point.meta["val"].numel() == math.prod(per_block)))
+    )
+
+
+def _weight_of(gemm: torch.fx.Node, name: str):
+    position = _GEMM_ARGUMENTS[name][0]
+    return gemm.args[position] if len(gemm.args) > position else None
+
+
+def _gemms_reading(weight: torch.fx.Node) -> list[torch.fx.Node]:
+    """The GEMMs reading `weight` as their weight, through layout ops (permute, view)."""
+    found, frontier = [], [weight]
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            name = op_name(user.target) if user.op == "call_function" else ""
+            if name in _WEIGHT_LAYOUT_OPS:
+                frontier.append(user)
+            elif name in _GEMM_ARGUMENTS and _weight_of(user, name) is node:
+                found.append(user)
+    return found
+
+
+def _replace(program: ExportedProgram, old: torch.fx.Node, new: torch.fx.Node) -> None:
+    """Every use of `old` reads `new`, the program's output list included."""
+    old.replace_all_uses_with(new)
+    for spec in program.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == old.name:
+            spec.arg.name = new.name
+
+
+def _undecomposable_error(nodes: list[str]) -> CompileError:
+    return CompileError(
+        f"XNNPACK 1.5.1 lowers these weight-only {DEQUANTIZE_AFFINE} nodes wrongly (it drops "
+        "their scales), and their symbolic or uneven blocks cannot be dequantized on the CPU "
+        "here (the runtime has no kernel for the op)",
+        nodes=nodes,
+        hint="quantize with torchao's Int8DynamicActivationIntxWeightConfig (XNNPACK runs it), "
+        "or give the quantized weight static shapes its block size divides",
+    )
+
+
+def dequantize_with_plain_ops(program: ExportedProgram) -> dict[str, str]:
+    """Rewrites every dequantize_affine XNNPACK would lower wrongly into plain Edge ops,
+    in place. Returns new node name -> why it is there (for the placement plan)."""
+    graph = program.graph_module.graph
+    wrong = [n for n in graph.nodes if scales_dropped(n)]
+    stuck = [n.name for n in wrong if not _decomposable(n)]
+    if stuck:
+        raise _undecomposable_error(stuck)
+    made: dict[str, str] = {}
+    for node in wrong:
+        reason = scales_dropped(node)
+        before = set(graph.nodes)
+        weight = _decompose_dequantize(graph, node)
+        _replace(program, node, weight)
+        graph.erase_node(node)
+        for new in set(graph.nodes) - before:
+            made[new.name] = f"part of {node.name}: {reason}"
+        for gemm in _gemms_reading(weight):
+            made[gemm.name] = GEMM_REASON
+    if made:
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("XNNPACK: weight-only dequantize_affine rewritten into %d plain ops", len(made))
+    return made
