@@ -580,16 +580,24 @@ def _candidates(argument, bound: dict[str, Any], dtype: torch.dtype) -> list:
         "memory_format": [torch.channels_last, torch.contiguous_format],
         "dim_order": [[0, 2, 3, 1], [0, 1, 2]],
         "dim": [1, 0, -1, -2] if kind == "int" else [[1], [0], [-1]],
-        "dims": [[1], [0], [-1]],
+        "dim0": [1, 0, -1, -2],
+        "dim1": [1, 0, -1, -2],
+        "dims": [[1], [0], [-1], [0, 2, 1]],
+        "index": [-1, 0],
+        "rounding_mode": ["trunc", None],
+        "shifts": [[-1]],
+        "pad": [[1, 0, 0, 1]],
+        "scale_factors": [[2.2, 1.7]],  # an output twice the input (torch ignores that scale), and not
+        "kernel_size": [[3] * n],
         "diagonal": [1, -1],
         "start": [1, -2],
-        "end": [-1],
+        "end": [-1, 3],
         "correction": [0, 2],
         "eps": [0.1],
         "scales_h": [3.0],
         "scales_w": [3.0],
         "stride": [[1] * n, [2] * n],
-        "padding": [[1] * n],
+        "padding": [[1] * n, [0] * n],
         "dilation": [[2] * n],
         "output_padding": [[1] * n],
         "approximate": ["tanh"],
@@ -654,6 +662,8 @@ def _variant(label: str, argument, dtype: torch.dtype) -> tuple[dict[str, Any] |
         taken = taken or changes
     if taken:
         return taken, "same output"
+    if not candidates:
+        return None, f"no value to try for a {argument.type} named {argument.name} (a shape: another program)"
     return None, f"eager takes none of {candidates} for {argument.name}"
 
 
@@ -665,10 +675,9 @@ def _variant_id(label: str, changes: dict[str, Any]) -> str:
 
 
 def _varied_arguments(label: str) -> list:
+    """Every non-tensor argument: those with a default, and the required ones the base case sets."""
     op = claimed()[label]
-    return [
-        a for a in op._schema.arguments if a.has_default_value() and not _is_tensor_type(str(a.type))
-    ]
+    return [a for a in op._schema.arguments if not _is_tensor_type(str(a.type))]
 
 
 @functools.cache
