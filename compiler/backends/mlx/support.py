@@ -288,6 +288,47 @@ def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
     )
 
 
+def _nearest_sources(node: torch.fx.Node, size_h: int, size_w: int) -> torch.Tensor:
+    """The flat input position each output element of this upsample_nearest2d reads in torch."""
+    op = getattr(node.target, "_op", node.target)
+    positions = torch.arange(size_h * size_w, dtype=torch.float64).reshape(1, 1, size_h, size_w)
+    return op(positions, *node.args[1:], **node.kwargs)[0, 0].long()
+
+
+def _stock_nearest_sources(node: torch.fx.Node, size_h: int, size_w: int, out_h: int, out_w: int) -> torch.Tensor:
+    """The same positions as stock 1.5.1's MLX handler computes them (its own index function)."""
+    from executorch.backends.mlx.ops import _nearest_source_indices
+
+    args = node.args
+    if op_name(node.target).endswith(".vec"):
+        scales = list(args[2]) if len(args) > 2 and args[2] is not None else [None, None]
+    else:
+        scales = [args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None]
+    rows = _nearest_source_indices(size_h, out_h, scales[0]).long()
+    cols = _nearest_source_indices(size_w, out_w, scales[1]).long()
+    return rows[:, None] * size_w + cols[None, :]
+
+
+def nearest_rows_unlike_torch(node: torch.fx.Node) -> Optional[str]:
+    """Stock 1.5.1's MLX upsample_nearest2d handler steps by 1 / scale in float64; torch copies
+    or halves the index when the output is the input's size or twice it, and steps in float32.
+    `rewrites.nearest_scales_torch_ignores_dropped` fixes the first; any call whose source
+    positions still differ from torch's (a scale like 49.0, where float32 and float64 round
+    apart) stays on the CPU."""
+    if op_name(node.target) not in ("aten.upsample_nearest2d.default", "aten.upsample_nearest2d.vec"):
+        return None
+    source, result = node.args[0].meta.get("val"), node.meta.get("val")
+    sizes = (*source.shape[-2:], *result.shape[-2:]) if source is not None and result is not None else ()
+    if len(sizes) != 4 or not all(isinstance(size, int) for size in sizes):
+        return None
+    if torch.equal(_nearest_sources(node, *sizes[:2]), _stock_nearest_sources(node, *sizes)):
+        return None
+    return (
+        "nearest upsampling reads other source rows or columns than torch: ExecuTorch 1.5.1's MLX "
+        "handler steps by 1 / scale in float64 where torch rounds in float32"
+    )
+
+
 # Every rule: node -> None when MLX may take it, else the reason it may not.
 RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     boolean_index,
@@ -299,6 +340,7 @@ RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
     integer_matmul_or_conv,
     ignored_argument,
     integer_floor_division,
+    nearest_rows_unlike_torch,
 )
 
 

@@ -422,3 +422,17 @@ def test_without_the_rule_the_payload_fails_as_the_runtime_would(monkeypatch):
     with pytest.raises(MLXNodeFailure) as err:
         compiler.run(artifact, inputs)
     assert err.value.nodes == ("TakeNode",) and "integral" in str(err.value)
+
+
+class FarNearest(torch.nn.Module):
+    """A scale where torch (float32) and stock's handler (float64) round 1 / scale apart."""
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(x, scale_factor=(1.0, 49.0)) + 1.0
+
+
+def test_nearest_upsampling_torch_rounds_otherwise_stays_on_cpu_and_matches_eager():
+    torch.manual_seed(0)
+    artifact = _matches_eager_exactly(FarNearest(), (torch.randn(1, 2, 3, 2),))
+    (row,) = _placement(artifact, "aten.upsample_nearest2d.vec")
+    assert row.where == "cpu" and "other source rows or columns than torch" in row.reason
