@@ -87,6 +87,7 @@ class MLXBackend(Backend):
         rewrites.kept_dims_made_explicit(program)
         rewrites.nearest_scales_torch_ignores_dropped(program)
         rewrites.no_value_arguments_dropped(program)
+        rewrites.clamp_input_cast_to_result(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
         with support.symbolic_floats_hidden(program):

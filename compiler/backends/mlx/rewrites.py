@@ -305,3 +305,30 @@ def no_value_arguments_dropped(program: ExportedProgram) -> int:
         program.graph_module.recompile()
         logger.info("MLX: %d copy/expand calls given without arguments that change no value", changed)
     return changed
+
+
+_CLAMPS = ("aten.clamp.default", "aten.clamp.Tensor")
+
+
+def clamp_input_cast_to_result(program: ExportedProgram) -> int:
+    """torch clamps an integer tensor by float bounds in the promoted dtype
+    (`clamp(int32 x, min=0.5)` is float32 with 0.5 where x < 1); stock 1.5.1's MLX clamp
+    handler casts the bounds to the input's dtype instead (0.5 became 0, silently). Each
+    clamp whose result dtype differs from its input's clamps the input cast to that dtype
+    first, which that handler lowers right. Returns how many calls changed."""
+    graph = program.graph_module.graph
+    changed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or op_name(node.target) not in _CLAMPS:
+            continue
+        source, result = _tensor(node.args[0]), _tensor(node)
+        if source is None or result is None or source.dtype == result.dtype:
+            continue
+        with graph.inserting_before(node):
+            node.args = (_cast(graph, node.args[0], result.dtype), *node.args[1:])
+        changed += 1
+    if changed:
+        graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d clamps given their input in the result's dtype", changed)
+    return changed

@@ -436,3 +436,16 @@ def test_nearest_upsampling_torch_rounds_otherwise_stays_on_cpu_and_matches_eage
     artifact = _matches_eager_exactly(FarNearest(), (torch.randn(1, 2, 3, 2),))
     (row,) = _placement(artifact, "aten.upsample_nearest2d.vec")
     assert row.where == "cpu" and "other source rows or columns than torch" in row.reason
+
+
+class IntegerClamp(torch.nn.Module):
+    """An integer tensor clamped by float bounds: torch clamps in float32 (0.5 stays 0.5)."""
+
+    def forward(self, i):
+        return torch.clamp(i, min=0.5), torch.clamp(i, -1.5, 0.5) * 2
+
+
+def test_integer_clamp_by_float_bounds_matches_eager_on_mlx():
+    artifact = _matches_eager_exactly(IntegerClamp(), (torch.tensor([[-3, 0, 1, 4]], dtype=torch.int32),))
+    rows = _placement(artifact, "aten.clamp.default")
+    assert rows and all(row.where == "MLXBackend" for row in rows), rows
