@@ -235,7 +235,7 @@ def _nearest_scales(node: torch.fx.Node) -> Optional[list]:
     return [node.args[2] if len(node.args) > 2 else None, node.args[3] if len(node.args) > 3 else None]
 
 
-def _torch_scales(source: torch.Tensor, result: torch.Tensor, scales: list) -> list:
+def torch_nearest_scales(source: torch.Tensor, result: torch.Tensor, scales: list) -> list:
     """The scales torch's nearest kernel acts on: where the output is the input's size or
     twice it, torch copies or halves the index and ignores the scale; out / in says the same."""
     acted = []
@@ -260,7 +260,7 @@ def nearest_scales_torch_ignores_dropped(program: ExportedProgram) -> int:
         source, result = _tensor(node.args[0]) if scales else None, _tensor(node)
         if source is None or result is None:
             continue
-        acted = _torch_scales(source, result, scales)
+        acted = torch_nearest_scales(source, result, scales)
         if acted == scales:
             continue
         if op_name(node.target).endswith(".vec"):

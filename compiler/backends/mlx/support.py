@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from compiler.backends.mlx.rewrites import copy_mismatch
+from compiler.backends.mlx.rewrites import copy_mismatch, torch_nearest_scales
 from compiler.ir.dialect import op_name
 
 # Names under which ATen schemas take index tensors (index.Tensor, index_put,
@@ -296,7 +296,8 @@ def _nearest_sources(node: torch.fx.Node, size_h: int, size_w: int) -> torch.Ten
 
 
 def _stock_nearest_sources(node: torch.fx.Node, size_h: int, size_w: int, out_h: int, out_w: int) -> torch.Tensor:
-    """The same positions as stock 1.5.1's MLX handler computes them (its own index function)."""
+    """The same positions as stock 1.5.1's MLX handler computes them (its own index function),
+    from the scales `rewrites.nearest_scales_torch_ignores_dropped` leaves it."""
     from executorch.backends.mlx.ops import _nearest_source_indices
 
     args = node.args
@@ -304,6 +305,7 @@ def _stock_nearest_sources(node: torch.fx.Node, size_h: int, size_w: int, out_h:
         scales = list(args[2]) if len(args) > 2 and args[2] is not None else [None, None]
     else:
         scales = [args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None]
+    scales = torch_nearest_scales(node.args[0].meta["val"], node.meta["val"], scales)
     rows = _nearest_source_indices(size_h, out_h, scales[0]).long()
     cols = _nearest_source_indices(size_w, out_w, scales[1]).long()
     return rows[:, None] * size_w + cols[None, :]
