@@ -57,10 +57,7 @@ NOT_BUILDABLE = {
     "torchao.dequantize_affine.default": "a torchao quantization primitive; only part of a quantized pattern",
 }
 # Claimed ops whose one-op program trips a driver bug outside the MLX backend (owner told).
-DRIVER_BUGS = {
-    "aten.arange.default": "fold: a program with no inputs has no fake mode to make the folded constant's value",
-    "aten.arange.start_step": "fold: a program with no inputs has no fake mode to make the folded constant's value",
-}
+DRIVER_BUGS: dict[str, str] = {}
 # Ops our rules (compiler/backends/mlx/support.py) send to the CPU in their one-op program: reason text.
 REFUSED = {
     "aten._native_batch_norm_legit_no_training.default": "never writes",  # the program reads save_mean/invstd
