@@ -7,6 +7,10 @@ partition and MLX lowering agree: the program compiles (a node MLX tags lowers),
 node is on MLX or on the CPU with a reason, and the numbers equal eager's. Ops that
 cannot be built as a one-op program are in NOT_BUILDABLE with the reason.
 
+Each op is run a second time per non-tensor argument, with that argument off its default
+(or off the base case's value): a handler that ignores an argument (stock's sort ignored
+`descending`) gives a wrong number only there. Cases are named op-argument=value.
+
 The default run takes each op in its first dtype; `-m slow` adds float16, bfloat16 and
 int32 wherever eager takes them.
 """
