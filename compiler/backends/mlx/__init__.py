@@ -82,12 +82,8 @@ class MLXBackend(Backend):
         )
         from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 
-        rewrites.copy_source_like_destination(program)
-        rewrites.ignored_arguments_made_explicit(program)
-        rewrites.kept_dims_made_explicit(program)
-        rewrites.nearest_scales_torch_ignores_dropped(program)
-        rewrites.no_value_arguments_dropped(program)
-        rewrites.clamp_input_cast_to_result(program)
+        for rewrite in rewrites.REWRITES:
+            rewrite(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
         with support.symbolic_floats_hidden(program):

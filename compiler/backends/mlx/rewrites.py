@@ -9,7 +9,7 @@ on MLX instead of being refused. What a rewrite cannot fix, a rule in
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -22,6 +22,15 @@ logger = logging.getLogger(__name__)
 def _tensor(node: object) -> Optional[torch.Tensor]:
     value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None
+
+
+def _finished(program: ExportedProgram, changed: int, what: str) -> int:
+    """Check and recompile a graph a rewrite changed `changed` times; returns that count."""
+    if changed:
+        program.graph_module.graph.lint()
+        program.graph_module.recompile()
+        logger.info("MLX: %d %s", changed, what)
+    return changed
 
 
 def copy_mismatch(node: torch.fx.Node) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -84,11 +93,7 @@ def copy_source_like_destination(program: ExportedProgram) -> int:
                 new_source = _expand(graph, new_source, destination.shape)
         node.args = (node.args[0], new_source, *node.args[2:])
         changed += 1
-    if changed:
-        graph.lint()
-        program.graph_module.recompile()
-        logger.info("MLX: %d copies given a source of their destination's shape and dtype", changed)
-    return changed
+    return _finished(program, changed, "copies given a source of their destination's shape and dtype")
 
 
 def _edge_call(graph: torch.fx.Graph, target: str, args: tuple, value) -> torch.fx.Node:
@@ -178,10 +183,7 @@ def ignored_arguments_made_explicit(program: ExportedProgram) -> int:
         changed += 1
     if changed:
         graph.eliminate_dead_code()
-        graph.lint()
-        program.graph_module.recompile()
-        logger.info("MLX: %d sort/topk calls made ascending, then flipped or cut", changed)
-    return changed
+    return _finished(program, changed, "sort/topk calls made ascending, then flipped or cut")
 
 
 _ARG_REDUCTIONS = ("aten.argmax.default", "aten.argmin.default")
@@ -215,11 +217,7 @@ def kept_dims_made_explicit(program: ExportedProgram) -> int:
         _replace(program, node, view)
         graph.erase_node(node)
         changed += 1
-    if changed:
-        graph.lint()
-        program.graph_module.recompile()
-        logger.info("MLX: %d argmax/argmin over all elements given their kept dimensions explicitly", changed)
-    return changed
+    return _finished(program, changed, "argmax/argmin over all elements given their kept dimensions explicitly")
 
 
 _NEAREST = ("aten.upsample_nearest2d.default", "aten.upsample_nearest2d.vec")
@@ -268,11 +266,7 @@ def nearest_scales_torch_ignores_dropped(program: ExportedProgram) -> int:
         else:
             node.args = (*node.args[:2], *acted)
         changed += 1
-    if changed:
-        graph.lint()
-        program.graph_module.recompile()
-        logger.info("MLX: %d nearest upsamplings given the scales torch acts on", changed)
-    return changed
+    return _finished(program, changed, "nearest upsamplings given the scales torch acts on")
 
 
 # Arguments that change no value (eager CPU ignores them), by op: their position in the schema.
@@ -300,11 +294,7 @@ def no_value_arguments_dropped(program: ExportedProgram) -> int:
         node.args = node.args[:position]
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != name}
         changed += 1
-    if changed:
-        graph.lint()
-        program.graph_module.recompile()
-        logger.info("MLX: %d copy/expand calls given without arguments that change no value", changed)
-    return changed
+    return _finished(program, changed, "copy/expand calls given without arguments that change no value")
 
 
 _CLAMPS = ("aten.clamp.default", "aten.clamp.Tensor")
@@ -327,8 +317,15 @@ def clamp_input_cast_to_result(program: ExportedProgram) -> int:
         with graph.inserting_before(node):
             node.args = (_cast(graph, node.args[0], result.dtype), *node.args[1:])
         changed += 1
-    if changed:
-        graph.lint()
-        program.graph_module.recompile()
-        logger.info("MLX: %d clamps given their input in the result's dtype", changed)
-    return changed
+    return _finished(program, changed, "clamps given their input in the result's dtype")
+
+
+# Every rewrite, in the order the backend runs them before its support check.
+REWRITES: tuple[Callable[[ExportedProgram], int], ...] = (
+    copy_source_like_destination,
+    ignored_arguments_made_explicit,
+    kept_dims_made_explicit,
+    nearest_scales_torch_ignores_dropped,
+    no_value_arguments_dropped,
+    clamp_input_cast_to_result,
+)
