@@ -23,3 +23,13 @@ class AddMul(torch.nn.Module):
 def small_model():
     torch.manual_seed(0)
     return AddMul().eval(), (torch.randn(2, 8),)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow run only when a -m expression asks for them (`-m slow`)."""
+    if config.getoption("markexpr"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

@@ -365,11 +365,6 @@ def _cases() -> list:
     return cases
 
 
-@pytest.fixture
-def slow_selected(request) -> bool:
-    return "slow" in (request.config.getoption("markexpr") or "")
-
-
 def _compare(outputs: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
     assert len(outputs) == len(expected)
     for out, want in zip(outputs, expected):
@@ -394,9 +389,7 @@ def _assert_on_cpu(artifact, ops, reason: str) -> None:
 
 
 @pytest.mark.parametrize(("label", "dtype"), _cases())
-def test_op_lowers_and_matches_eager(label, dtype, request, slow_selected):
-    if request.node.get_closest_marker("slow") and not slow_selected:
-        pytest.skip("more dtypes: run with -m slow")
+def test_op_lowers_and_matches_eager(label, dtype, request):
     module = one_op_program(label, dtype)
     if module is None:
         if not request.node.get_closest_marker("slow"):
@@ -711,9 +704,7 @@ def _variants() -> tuple[list, list]:
 
 
 @pytest.mark.parametrize(("label", "dtype", "changes", "note"), _variants()[0])
-def test_op_with_an_argument_off_its_default_matches_eager(label, dtype, changes, note, request, slow_selected):
-    if request.node.get_closest_marker("slow") and not slow_selected:
-        pytest.skip("more dtypes: run with -m slow")
+def test_op_with_an_argument_off_its_default_matches_eager(label, dtype, changes, note, request):
     module = variant_program(label, dtype, changes)
     if module is None:
         pytest.skip(f"eager does not take {dtype} for {label} with {changes}")
