@@ -15,50 +15,30 @@ import mlx.core as mx
 from compiler.backends.mlx.interpreter import Interpreter, node
 
 
-def _per_axis(f: dict, name: str, axes: str) -> tuple[int, ...]:
+def _geometry(f: dict, name: str):
+    """A node's stride/padding/... : one int on 1-D nodes, else one per axis (`stride_h`, ...)."""
+    if name in f:
+        return f[name]
+    axes = "dhw" if f"{name}_d" in f else "hw"
     return tuple(f[f"{name}_{a}"] for a in axes)
 
 
-@node("Conv1DNode")
-def _conv1d(it: Interpreter, f: dict) -> None:
-    out = mx.conv1d(it.t(f["x"]), it.t(f["w"]), f["stride"], f["padding"], f["dilation"], f["groups"])
-    it.set(f["out"], out)
+def _convolution(function, transposed: bool):
+    names = ("stride", "padding", "dilation") + (("output_padding",) if transposed else ())
+
+    def run(it: Interpreter, f: dict) -> None:
+        geometry = [_geometry(f, name) for name in names]
+        it.set(f["out"], function(it.t(f["x"]), it.t(f["w"]), *geometry, f["groups"]))
+
+    return run
 
 
-@node("Conv2DNode", "Conv3DNode")
-def _conv_nd(it: Interpreter, f: dict) -> None:
-    axes = "hw" if "stride_d" not in f else "dhw"
-    conv = mx.conv2d if len(axes) == 2 else mx.conv3d
-    out = conv(
-        it.t(f["x"]),
-        it.t(f["w"]),
-        _per_axis(f, "stride", axes),
-        _per_axis(f, "padding", axes),
-        _per_axis(f, "dilation", axes),
-        f["groups"],
-    )
-    it.set(f["out"], out)
-
-
-@node("ConvTranspose1DNode")
-def _conv_transpose1d(it: Interpreter, f: dict) -> None:
-    out = mx.conv_transpose1d(
-        it.t(f["x"]), it.t(f["w"]), f["stride"], f["padding"], f["dilation"], f["output_padding"], f["groups"]
-    )
-    it.set(f["out"], out)
-
-
-@node("ConvTranspose2DNode", "ConvTranspose3DNode")
-def _conv_transpose_nd(it: Interpreter, f: dict) -> None:
-    axes = "hw" if "stride_d" not in f else "dhw"
-    conv = mx.conv_transpose2d if len(axes) == 2 else mx.conv_transpose3d
-    out = conv(
-        it.t(f["x"]),
-        it.t(f["w"]),
-        _per_axis(f, "stride", axes),
-        _per_axis(f, "padding", axes),
-        _per_axis(f, "dilation", axes),
-        _per_axis(f, "output_padding", axes),
-        f["groups"],
-    )
-    it.set(f["out"], out)
+for _kind, _function in {
+    "Conv1DNode": mx.conv1d,
+    "Conv2DNode": mx.conv2d,
+    "Conv3DNode": mx.conv3d,
+    "ConvTranspose1DNode": mx.conv_transpose1d,
+    "ConvTranspose2DNode": mx.conv_transpose2d,
+    "ConvTranspose3DNode": mx.conv_transpose3d,
+}.items():
+    node(_kind)(_convolution(_function, transposed=_kind.startswith("ConvTranspose")))
