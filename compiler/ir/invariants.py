@@ -125,7 +125,7 @@ def plain_tensor(value: Any) -> bool:
 
 @invariant(
     "a stage stored a view as a constant: store `value.clone(memory_format=torch.contiguous_format)` "
-    "(the fold stage does this for the folded constants and for the model's own)"
+    "(capture does this for the model's own views, fold for the constants it makes)"
 )
 def constants_own_their_bytes(artifact) -> Violation | None:
     ep = artifact.program
