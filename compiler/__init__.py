@@ -16,6 +16,7 @@ _EXPORTS = {
     "Instrument": "compiler.instruments",
     "DriverOptions": "compiler.options",
     "compare_with_eager": "compiler.runtime",
+    "LoadedProgram": "compiler.runtime",
     "run": "compiler.runtime",
     "STAGE_NAMES": "compiler.stages",
     "CaptureError": "compiler.ir.errors",

@@ -61,6 +61,19 @@ def _parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("-v", "--verbose", action="store_true", help="log what the stages do")
 
     commands.add_parser("examples", help="list the built-in example models")
+
+    fuzz_cmd = commands.add_parser(
+        "fuzz", help="compile random programs with ours and stock ExecuTorch; compare both with eager"
+    )
+    fuzz_cmd.add_argument(
+        "--backend", choices=backends.available(), help="default: portable (with --replay: the file's backend)"
+    )
+    fuzz_cmd.add_argument("--examples", type=int, default=100, help="how many programs to draw")
+    fuzz_cmd.add_argument("--seed", type=int, default=0, help="the same seed draws the same programs")
+    fuzz_cmd.add_argument("--out-dir", default="fuzz-failures", help="where failing programs are written as reproducers")
+    fuzz_cmd.add_argument("--no-stock", action="store_true", help="do not run the stock ExecuTorch path")
+    fuzz_cmd.add_argument("--no-shrink", action="store_true", help="do not shrink the first failure of each kind")
+    fuzz_cmd.add_argument("--replay", metavar="FILE", help="run one reproducer file instead")
     return parser
 
 
@@ -140,6 +153,26 @@ def _compile(args: argparse.Namespace) -> int:
     return status
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from compiler.fuzz import campaign, oracle
+
+    if args.replay:
+        return 1 if oracle.replay(args.replay, args.backend).kind in oracle.FAILURES else 0
+
+    def progress(case: campaign.Case) -> None:
+        stock = f" | stock: {case.stock.kind}" if case.stock else ""
+        print(f"{case.number:4} {case.ours.kind}{stock}", flush=True)
+
+    run = campaign.run(
+        args.backend or "portable", args.examples, args.seed, out_dir=args.out_dir,
+        with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress,
+    )
+    print(f"\n{run.table()}\n\n{run.details()}")
+    for case in run.failures + run.shrunk:
+        print(f"reproducer: {case.reproducer} ({case.ours.kind})")
+    return 1 if run.failures else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
@@ -149,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name:15} {describe(name)}")
         return 0
     try:
-        return _compile(args)
+        return _fuzz(args) if args.command == "fuzz" else _compile(args)
     except CompileError as error:
         if args.traceback:
             traceback.print_exc()

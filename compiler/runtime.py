@@ -13,35 +13,51 @@ from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
 
 
-def _program(artifact: Any) -> ExecutorchProgram:
-    program = getattr(artifact, "program", artifact)
+def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
+    if isinstance(program, (bytes, bytearray)):
+        from executorch.exir._serialize._program import deserialize_pte_binary
+
+        plans = deserialize_pte_binary(bytes(program)).program.execution_plan
+        return bytes(program), {d.id for plan in plans for d in plan.delegates}
+    program = getattr(program, "program", program)
     if not isinstance(program, ExecutorchProgram):
         raise UserInputError(
-            f"cannot run a {type(artifact).__name__}: only emitted programs run",
+            f"cannot run a {type(program).__name__}: only emitted programs run",
             hint="compile without stop_after to get an Artifact",
         )
-    return program
+    return program.pte, set(program.delegates)
+
+
+class LoadedProgram:
+    """A program loaded once and run as often as wanted; its mutable state carries
+    from one run to the next, as on a device."""
+
+    def __init__(self, program: Any) -> None:
+        from executorch.runtime import Runtime
+
+        pte, delegates = _pte_and_delegates(program)
+        runtime = Runtime.get()
+        missing = sorted(d for d in delegates if not runtime.backend_registry.is_available(d))
+        if missing:
+            executor = backends.reference_executor(set(missing))
+            if executor is None:
+                raise UnsupportedByRuntime(
+                    "the program holds delegates this machine's ExecuTorch runtime cannot run: "
+                    f"{', '.join(missing)}",
+                    hint="run it on a device with that backend (Core ML: macOS/iOS); "
+                    f"this runtime has {', '.join(runtime.backend_registry.registered_backend_names)}",
+                )
+            self._execute = executor(pte).run
+        else:
+            self._execute = runtime.load_program(pte).load_method("forward").execute
+
+    def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        return list(self._execute(list(pytree.tree_leaves(tuple(inputs)))))
 
 
 def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
-    """Run an emitted program with `executorch.runtime`; returns its outputs flattened."""
-    from executorch.runtime import Runtime
-
-    program = _program(artifact)
-    runtime = Runtime.get()
-    flat_inputs = [x for x in pytree.tree_leaves(tuple(inputs))]
-    missing = sorted({d for d in program.delegates if not runtime.backend_registry.is_available(d)})
-    if missing:
-        executor = backends.reference_executor(set(missing))
-        if executor is not None:
-            return list(executor(program.pte, flat_inputs))
-        raise UnsupportedByRuntime(
-            f"the program holds delegates this machine's ExecuTorch runtime cannot run: {', '.join(missing)}",
-            hint="run it on a device with that backend (Core ML: macOS/iOS); "
-            f"this runtime has {', '.join(runtime.backend_registry.registered_backend_names)}",
-        )
-    method = runtime.load_program(program.pte).load_method("forward")
-    return list(method.execute(flat_inputs))
+    """Run an emitted program (an Artifact or `.pte` bytes) once; returns its outputs flattened."""
+    return LoadedProgram(artifact)(inputs)
 
 
 @attrs.frozen

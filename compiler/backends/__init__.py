@@ -20,16 +20,17 @@ _REGISTRY = {
 }
 
 
-# Delegate id -> a function that runs a whole program holding that delegate on this
+# Delegate id -> a class that loads a whole program holding that delegate on this
 # machine without ExecuTorch's runtime (for delegates the pip runtime lacks):
-# `run_program(pte: bytes, inputs: list) -> list[torch.Tensor]`.
+# `Executor(pte: bytes)`, then `.run(inputs: list) -> list[torch.Tensor]` as often as
+# wanted, state carrying from one run to the next as on a device.
 _REFERENCE_EXECUTORS: dict[str, str] = {
-    "MLXBackend": "compiler.backends.mlx.reference:run_program",
+    "MLXBackend": "compiler.backends.mlx.reference:ReferenceExecutor",
 }
 
 
 def reference_executor(delegate_ids: set[str]):
-    """The reference executor that can run programs with these delegates, or None."""
+    """The reference executor class that can load programs with these delegates, or None."""
     found = {_REFERENCE_EXECUTORS.get(d) for d in delegate_ids}
     if len(found) != 1 or None in found:
         return None

@@ -10,6 +10,12 @@ serialize a constant's storage from its start (XNNPACK then reads `table[0:8]`
 for `high = table[8:]`: silently wrong). From capture on, every program's
 constants own their bytes, an invariant each artifact type checks.
 
+Two buffers given the same new value (`self.a.copy_(x); self.b.copy_(x)`, or
+`self.b.copy_(self.a)` after `self.a.add_(x)`) break torch's own signature check
+once the program is functionalized (`run_decompositions`, so also stock ExecuTorch:
+"User output x is not in the correct order"): the copy's source is cloned here,
+so every mutated buffer gets a value of its own.
+
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
 name those types ("No registered serialization name"), and the program's
@@ -22,6 +28,7 @@ import logging
 
 import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from compiler.ir.artifacts import AtenProgram, EagerModel
@@ -50,6 +57,34 @@ def own_model_views(ep: ExportedProgram) -> list[str]:
     if owned:
         logger.info("capture: %d model constants were views; each now owns its storage", len(owned))
     return owned
+
+
+def _shared_value(source: torch.fx.Node, copies: set[torch.fx.Node]) -> bool:
+    """Whether functionalization may give `source` to another buffer or output too."""
+    if source.op == "placeholder" or (source.op == "call_function" and source.target._schema.name.endswith("_")):
+        return True
+    return len([u for u in source.users if u in copies]) > 1
+
+
+def distinct_mutation_sources(ep: ExportedProgram) -> int:
+    """Clone the source of each copy into a buffer that may share its value; returns how many."""
+    buffers = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER}
+    copies = {
+        n for n in ep.graph.nodes
+        if n.target is torch.ops.aten.copy_.default and getattr(n.args[0], "name", None) in buffers
+    }
+    cloned = 0
+    for node in [n for n in ep.graph.nodes if n in copies]:
+        source = node.args[1]
+        if isinstance(source, torch.fx.Node) and _shared_value(source, copies):
+            with ep.graph.inserting_before(node):
+                clone = ep.graph.call_function(torch.ops.aten.clone.default, (source,))
+            clone.meta = {k: v for k, v in source.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
+            node.replace_input_with(source, clone)
+            cloned += 1
+    if cloned:
+        ep.graph_module.recompile()
+    return cloned
 
 
 def _structseqs_as_tuples(spec: pytree.TreeSpec) -> pytree.TreeSpec:
@@ -91,6 +126,8 @@ class Capture(Stage):
                 "no unsupported Python objects); run with --traceback for the full export error",
             ) from exc
         return_types_as_tuples(program)
+        if distinct_mutation_sources(program):
+            ctx.metrics["mutation_sources_cloned"] = True
         owned = own_model_views(program)
         if owned:
             ctx.metrics["views_owned"] = len(owned)

@@ -1,5 +1,6 @@
 """Capture: the model's own constants that are views get their own storage."""
 
+import pytest
 import torch
 
 from compiler.ir.artifacts import EagerModel
@@ -53,3 +54,42 @@ def test_a_transposed_parameter_is_not_a_view():
     program, metrics = _capture(model, (torch.randn(4, 16),))
     assert "views_owned" not in metrics
     assert program.state_dict["w"] is model.w
+
+
+class SharedNewValue(torch.nn.Module):
+    """Two buffers given the same new value: torch's signature check rejects the
+    functionalized program ("User output x is not in the correct order"), stock too."""
+
+    def __init__(self, pattern):
+        super().__init__()
+        self.pattern = pattern
+        self.register_buffer("a", torch.zeros(3))
+        self.register_buffer("b", torch.ones(3))
+
+    def forward(self, x):
+        if self.pattern == "same input":
+            self.a.copy_(x)
+            self.b.copy_(x)
+        elif self.pattern == "same value":
+            y = x * 2
+            self.a.copy_(y)
+            self.b.copy_(y)
+        else:  # a buffer copied from another updated in place
+            self.a.add_(x)
+            self.b.copy_(self.a)
+        return self.a * 2 + self.b
+
+
+@pytest.mark.parametrize("pattern", ["same input", "same value", "copied buffer"])
+def test_buffers_given_one_value_compile_and_carry_state(pattern):
+    import compiler
+
+    x = torch.randn(3)
+    eager = SharedNewValue(pattern)
+    want = [eager(x), eager(x)]
+    with pytest.raises(Exception, match="not in the correct order"):
+        torch.export.export(SharedNewValue(pattern), (x,)).run_decompositions({})  # what stock meets
+    loaded = compiler.LoadedProgram(compiler.compile(SharedNewValue(pattern), (x,), "portable"))
+    for expected in want:
+        (got,) = loaded((x,))
+        torch.testing.assert_close(got, expected)

@@ -1,0 +1,186 @@
+"""A fuzz campaign: N random programs through our pipeline and stock's, one table.
+
+Hypothesis draws the programs (replayed exactly by the seed). Every program is
+counted once, as drawn; the first program of each new kind of failure is then
+shrunk by hypothesis to the smallest program failing the same way, and written,
+like every failing program, as a standalone reproducer.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+from typing import Callable
+
+import attrs
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis.errors import FlakyFailure
+
+from compiler.fuzz import oracle
+from compiler.fuzz.oracle import Outcome
+from compiler.fuzz.programs import Program, programs
+
+_COLUMNS = (oracle.OK, oracle.COMPILED, oracle.NAMED, oracle.WRAPPED, oracle.RAW, oracle.WRONG)
+
+
+@attrs.frozen
+class Case:
+    number: int
+    program: Program
+    ours: Outcome
+    stock: Outcome | None
+    reproducer: str | None = None
+
+
+@attrs.define
+class Campaign:
+    backend: str
+    seed: int
+    cases: list[Case] = attrs.Factory(list)
+    shrunk: list[Case] = attrs.Factory(list)
+
+    @property
+    def failures(self) -> list[Case]:
+        return [c for c in self.cases if c.ours.kind in oracle.FAILURES]
+
+    @property
+    def stock_right_we_refuse(self) -> list[Case]:
+        return [c for c in self.cases if c.stock is not None and c.stock.passed and not c.ours.passed]
+
+    def table(self) -> str:
+        """Ours and stock's outcomes as a Markdown table, one row per path."""
+        rows = [("ours", collections.Counter(c.ours.kind for c in self.cases))]
+        if any(c.stock for c in self.cases):
+            rows.append(("stock", collections.Counter(c.stock.kind for c in self.cases if c.stock)))
+        invalid = sum(1 for c in self.cases if c.stock is not None and c.stock.kind == oracle.INVALID)
+        lines = [
+            f"| {self.backend} ({len(self.cases)} programs, seed {self.seed}) | " + " | ".join(_COLUMNS) + " |",
+            "|---" * (len(_COLUMNS) + 1) + "|",
+        ]
+        lines += [f"| {name} | " + " | ".join(str(counts[k]) for k in _COLUMNS) + " |" for name, counts in rows]
+        lines.append(
+            f"\nstock right, ours refused: {len(self.stock_right_we_refuse)}; "
+            f"ours right, stock not: {sum(1 for c in self.cases if c.ours.passed and c.stock and not c.stock.passed)}"
+            + (f"; programs torch.export refused: {invalid}" if invalid else "")
+        )
+        return "\n".join(lines)
+
+    def details(self) -> str:
+        """Each distinct outcome other than a pass, with how often it happened."""
+        lines = []
+        for path in ("ours", "stock"):
+            counts = collections.Counter(
+                (getattr(c, path).kind, getattr(c, path).detail)
+                for c in self.cases
+                if getattr(c, path) is not None and not getattr(c, path).passed
+            )
+            for (kind, detail), n in counts.most_common():
+                lines.append(f"{path:5} {n:4} x {kind}: {detail}")
+        return "\n".join(lines)
+
+
+def signature(outcome: Outcome) -> str:
+    """A failure's kind with the names and numbers that vary between programs taken out."""
+    detail = re.sub(r"\b[\w.]*\d[\w.]*\b", "#", outcome.detail.split(":")[0] if outcome.kind == oracle.WRONG else outcome.detail)
+    return f"{outcome.kind}: {detail}"
+
+
+def write_reproducer(directory: str, name: str, case: Case, backend: str, campaign_seed: int) -> str:
+    """The program as a standalone file: `python FILE` compiles it and compares with eager."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{name}.py")
+    program = case.program
+    header = (
+        f"# Found by `python -m compiler fuzz --backend {backend} --seed {campaign_seed}` (case {case.number}).\n"
+        f"# ours:  {case.ours.kind}: {case.ours.detail}\n"
+        + (f"# stock: {case.stock.kind}: {case.stock.detail}\n" if case.stock else "")
+    )
+    footer = (
+        f"\n\nBACKEND = {backend!r}\nCALLS = {program.calls}\n"
+        f"TOLERANCES = {list(program.tolerances)!r}\nOUTPUTS = {list(program.names)!r}\n\n"
+        "if __name__ == '__main__':\n"
+        "    from compiler.fuzz.oracle import replay\n\n"
+        "    replay(__file__)\n"
+    )
+    with open(path, "w") as f:
+        f.write(header + program.source() + footer)
+    return path
+
+
+class _Reproduced(Exception):
+    """Raised inside hypothesis while a failure of one signature keeps reproducing."""
+
+
+def run(
+    backend: str,
+    examples: int,
+    campaign_seed: int = 0,
+    *,
+    out_dir: str | None = None,
+    with_stock: bool = True,
+    shrink: bool = True,
+    progress: Callable[[Case], None] | None = None,
+) -> Campaign:
+    campaign = Campaign(backend, campaign_seed)
+    seen: set[str] = set()
+    attempt = 0
+    while len(campaign.cases) < examples:
+        target: list[str] = []  # the signature being shrunk, once one is found
+        last_failing: list[Case] = []
+
+        def failed(program: Program) -> bool:
+            """Judge `program`; True while it fails the way being shrunk (or a new way)."""
+            want = oracle.eager_outputs(program)
+            ours = oracle.ours(program, backend, want)
+            if target:
+                if ours.kind in oracle.FAILURES and signature(ours) == target[0]:
+                    last_failing[:] = [Case(-1, program, ours, None)]
+                    return True
+                return False
+            if len(campaign.cases) >= examples:
+                return False
+            stock = oracle.stock(program, backend, want) if with_stock else None
+            case = Case(len(campaign.cases), program, ours, stock)
+            if out_dir and ours.kind in oracle.FAILURES:
+                case = attrs.evolve(case, reproducer=write_reproducer(
+                    out_dir, f"{backend}-{campaign_seed}-{case.number}", case, backend, campaign_seed))
+            campaign.cases.append(case)
+            if progress:
+                progress(case)
+            if shrink and ours.kind in oracle.FAILURES and signature(ours) not in seen:
+                seen.add(signature(ours))
+                target.append(signature(ours))
+                last_failing[:] = [case]
+                return True
+            return False
+
+        def check(program: Program) -> None:
+            # One raise for every failure: hypothesis tells failures apart by where they are raised.
+            if failed(program):
+                raise _Reproduced
+
+        test = seed(campaign_seed * 1000 + attempt)(
+            settings(
+                max_examples=examples - len(campaign.cases),
+                database=None,
+                deadline=None,
+                derandomize=False,
+                phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
+                report_multiple_bugs=False,
+                suppress_health_check=list(HealthCheck),
+            )(given(programs())(check))
+        )
+        attempt += 1
+        try:
+            test()
+        except (_Reproduced, FlakyFailure):
+            shrunk = attrs.evolve(last_failing[0], number=len(campaign.shrunk), stock=None)
+            if out_dir:
+                shrunk = attrs.evolve(shrunk, reproducer=write_reproducer(
+                    out_dir, f"{backend}-{campaign_seed}-shrunk-{shrunk.number}", shrunk, backend, campaign_seed))
+            campaign.shrunk.append(shrunk)
+        else:
+            if attempt > examples:  # hypothesis ran out of programs to draw
+                break
+    return campaign

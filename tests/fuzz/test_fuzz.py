@@ -1,0 +1,87 @@
+"""The random-program differential test: the generator, the oracle, a small campaign per
+backend, and every shrunk program a campaign found, kept as a regression test."""
+
+import glob
+import os
+
+import pytest
+import torch
+
+from compiler.fuzz import campaign, oracle
+from compiler.fuzz.programs import STEPS, Program, Reproducer, Value, programs
+
+CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "cases", "*.py")))
+# A campaign per backend in the default run: small, fixed (the seed replays it exactly).
+CI_EXAMPLES = {"portable": 25, "xnnpack": 25, "mlx": 25, "coreml": 15}
+
+
+@pytest.mark.parametrize("backend", list(CI_EXAMPLES))
+def test_random_programs_compile_or_are_refused_by_name_and_match_eager(backend, tmp_path):
+    run = campaign.run(backend, CI_EXAMPLES[backend], campaign_seed=11, out_dir=str(tmp_path), with_stock=False)
+    assert len(run.cases) == CI_EXAMPLES[backend]
+    shrunk = "\n\n".join(open(c.reproducer).read() for c in run.shrunk)
+    assert not run.failures, f"{run.table()}\n{run.details()}\n\nshrunk:\n{shrunk}"
+
+
+@pytest.mark.parametrize("path", CASES, ids=[os.path.basename(p)[:-3] for p in CASES])
+def test_what_fuzzing_found_stays_fixed(path):
+    program = Reproducer.load(path)
+    outcome = oracle.ours(program, program.backend, oracle.eager_outputs(program))
+    assert outcome.kind not in oracle.FAILURES, outcome.detail
+
+
+def _draw(count: int, seed: int = 3) -> list[Program]:
+    drawn: list[Program] = []
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as with_seed
+
+    @with_seed(seed)
+    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(programs())
+    def collect(program):
+        drawn.append(program)
+
+    collect()
+    return drawn
+
+
+def test_every_drawn_program_exports_and_every_step_kind_is_drawn():
+    drawn = _draw(60)
+    for program in drawn[:20]:
+        model, inputs = program.build()
+        torch.export.export(model, inputs)
+    text = "\n".join(line for p in drawn for line in p.lines)
+    for needle in ("index_put", "masked_fill", "scaled_dot_product_attention", "conv", "layer_norm", "rms_norm",
+                   "F.linear", "gelu", "softmax", ".to(", "split", "torch.cat", "add_(", "copy_("):
+        assert needle in text, needle
+    assert len(STEPS) >= 17
+
+
+def test_the_same_seed_draws_the_same_programs():
+    assert [p.source() for p in _draw(5, seed=7)] == [p.source() for p in _draw(5, seed=7)]
+
+
+def _program(dtype=torch.float32, noise=0.0) -> Program:
+    return Program(("torch.ones(3)",), (), ("v1 = x0 * 2",), (Value("v1", (3,), dtype, noise),))
+
+
+def test_the_oracle_finds_a_wrong_value_shape_and_dtype():
+    program = _program()
+    want = [[torch.tensor([1.0, 2.0, 3.0])]]
+    assert oracle.compare(program, [[torch.tensor([1.0, 2.0, 3.0])]], want) is None
+    assert "max abs error" in oracle.compare(program, [[torch.tensor([1.0, 2.0, 3.1])]], want)
+    assert "shape" in oracle.compare(program, [[torch.tensor([[1.0, 2.0, 3.0]])]], want)
+    assert "dtype" in oracle.compare(program, [[torch.tensor([1, 2, 3])]], want)
+    assert "NaN" in oracle.compare(program, [[torch.tensor([1.0, float("nan"), 3.0])]], want)
+
+
+def test_the_oracle_tolerance_follows_dtype_and_noise():
+    want = [[torch.tensor([1000.0, 0.0])]]
+    got = [[torch.tensor([1000.5, 0.0])]]
+    assert oracle.compare(_program(torch.float32), got, want) is not None
+    assert oracle.compare(_program(torch.float16, noise=1e-3), got, want) is None
+
+
+def test_a_wrapped_dependency_error_is_a_failure_and_a_named_one_is_not():
+    assert oracle.WRAPPED in oracle.FAILURES and oracle.NAMED not in oracle.FAILURES
