@@ -52,7 +52,9 @@ class LoadedProgram:
             self._execute = runtime.load_program(pte).load_method("forward").execute
 
     def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        return list(self._execute(list(pytree.tree_leaves(tuple(inputs)))))
+        # Cloned: an output may live in the program's planned memory, which the next run reuses.
+        outputs = self._execute(list(pytree.tree_leaves(tuple(inputs))))
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
 
 
 def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:

@@ -61,7 +61,8 @@ def eager_outputs(program: Program | Reproducer) -> list[list[torch.Tensor]]:
     """Eager PyTorch's outputs for each of the program's calls (state carries between them)."""
     model, inputs = program.build()
     with torch.no_grad():
-        return [pytree.tree_leaves(model(*inputs)) for _ in range(program.calls)]
+        # Cloned: a returned buffer is the same tensor on every call.
+        return [[t.clone() for t in pytree.tree_leaves(model(*inputs))] for _ in range(program.calls)]
 
 
 def compare(program: Program | Reproducer, got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) -> str | None:

@@ -10,11 +10,14 @@ serialize a constant's storage from its start (XNNPACK then reads `table[0:8]`
 for `high = table[8:]`: silently wrong). From capture on, every program's
 constants own their bytes, an invariant each artifact type checks.
 
-Two buffers given the same new value (`self.a.copy_(x); self.b.copy_(x)`, or
-`self.b.copy_(self.a)` after `self.a.add_(x)`) break torch's own signature check
-once the program is functionalized (`run_decompositions`, so also stock ExecuTorch:
-"User output x is not in the correct order"): the copy's source is cloned here,
-so every mutated buffer gets a value of its own.
+Every mutated buffer's new value is given a node of its own here. Two buffers
+given the same value (`self.a.copy_(x); self.b.copy_(x)`, or `self.b.copy_(self.a)`
+after `self.a.add_(x)`) break torch's own signature check once the program is
+functionalized (`run_decompositions`, so also stock ExecuTorch: "User output x is
+not in the correct order"); a mutated buffer that is also returned
+(`self.s.add_(x); return self.s`) breaks `to_backend` ("buffer mutation node was
+found to also be used as other types of outputs"). The copy's source, or the
+returned value, is cloned.
 
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
@@ -66,25 +69,43 @@ def _shared_value(source: torch.fx.Node, copies: set[torch.fx.Node]) -> bool:
     return len([u for u in source.users if u in copies]) > 1
 
 
-def distinct_mutation_sources(ep: ExportedProgram) -> int:
-    """Clone the source of each copy into a buffer that may share its value; returns how many."""
+def _writes_buffer(node: torch.fx.Node, buffers: set[str]) -> bool:
+    """An in-place op on a buffer, whose result is the buffer's new value."""
+    return (
+        node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and node.target._schema.name.endswith("_")
+        and getattr(node.args[0] if node.args else None, "name", None) in buffers
+    )
+
+
+def _clone_input(ep: ExportedProgram, node: torch.fx.Node, source: torch.fx.Node) -> None:
+    with node.graph.inserting_before(node):
+        clone = node.graph.call_function(torch.ops.aten.clone.default, (source,))
+    clone.meta = {k: v for k, v in source.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
+    node.replace_input_with(source, clone)
+    if node.op == "output":
+        for spec in ep.graph_signature.output_specs:
+            if getattr(spec.arg, "name", None) == source.name:
+                spec.arg.name = clone.name
+
+
+def distinct_mutated_values(ep: ExportedProgram) -> int:
+    """Clone each copy source or returned value a mutated buffer would share; returns how many."""
     buffers = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER}
-    copies = {
-        n for n in ep.graph.nodes
-        if n.target is torch.ops.aten.copy_.default and getattr(n.args[0], "name", None) in buffers
-    }
-    cloned = 0
-    for node in [n for n in ep.graph.nodes if n in copies]:
-        source = node.args[1]
-        if isinstance(source, torch.fx.Node) and _shared_value(source, copies):
-            with ep.graph.inserting_before(node):
-                clone = ep.graph.call_function(torch.ops.aten.clone.default, (source,))
-            clone.meta = {k: v for k, v in source.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
-            node.replace_input_with(source, clone)
-            cloned += 1
-    if cloned:
+    copies = {n for n in ep.graph.nodes if n.target is torch.ops.aten.copy_.default and _writes_buffer(n, buffers)}
+    shared = [(n, n.args[1]) for n in ep.graph.nodes if n in copies and isinstance(n.args[1], torch.fx.Node)]
+    shared = [(n, source) for n, source in shared if _shared_value(source, copies)]
+    output = ep.graph.output_node()
+    mutated = {n.args[0] for n in ep.graph.nodes if _writes_buffer(n, buffers)}
+    shared += [
+        (output, v) for v in dict.fromkeys(output.all_input_nodes) if _writes_buffer(v, buffers) or v in mutated
+    ]
+    for node, source in shared:
+        _clone_input(ep, node, source)
+    if shared:
         ep.graph_module.recompile()
-    return cloned
+    return len(shared)
 
 
 def _structseqs_as_tuples(spec: pytree.TreeSpec) -> pytree.TreeSpec:
@@ -126,7 +147,7 @@ class Capture(Stage):
                 "no unsupported Python objects); run with --traceback for the full export error",
             ) from exc
         return_types_as_tuples(program)
-        if distinct_mutation_sources(program):
+        if distinct_mutated_values(program):
             ctx.metrics["mutation_sources_cloned"] = True
         owned = own_model_views(program)
         if owned:

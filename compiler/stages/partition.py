@@ -2,9 +2,18 @@
 
 The backend's partition search tags a copy of the graph (the Edge artifact
 stays as it was); every node it leaves untagged gets the backend's reason.
+
+A mutated buffer's new value that is also returned reaches the caller through a
+copy capture made (`to_backend` refuses a delegate output that is both). Where no
+delegate owns the buffer, that copy runs on the CPU: XNNPACK drops a copy it takes
+and then refuses the pass-through. A delegate that owns the buffer keeps the copy,
+since the buffer's value never leaves it.
 """
 
 from __future__ import annotations
+
+from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 
 from compiler.backends.base import Backend
 from compiler.ir.artifacts import EdgeProgram, PartitionedProgram
@@ -14,10 +23,32 @@ from compiler.ir.placement import PlacementPlan
 from compiler.stages.base import Stage, StageContext
 
 
+RETURNED_BUFFER_COPY = "a copy of a mutated buffer's new value that is returned: the CPU makes it"
+
+
+def returned_buffer_copies(program: ExportedProgram) -> list:
+    """Copy nodes whose input is the new value of a buffer no delegate owns, and whose
+    result is a user output."""
+    signature = program.graph_signature
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    owned = {s.target for s in signature.input_specs if placeholders[s.arg.name].meta.get(DELEGATION_TAG)}
+    new_values = {
+        s.arg.name for s in signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION and s.target not in owned
+    }
+    returned = {s.arg.name for s in signature.output_specs if s.kind == OutputKind.USER_OUTPUT}
+    return [
+        n for n in op_nodes(program)
+        if n.name in returned and "clone" in str(n.target) and getattr(n.args[0], "name", None) in new_values
+    ]
+
+
 def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     """The backend's partition search on a copy of `edge` (the dry run uses this too)."""
     program = copy_program(edge.program)
     result = backend.partition(program)
+    pinned = returned_buffer_copies(program)
+    for node in pinned:
+        node.meta.pop(DELEGATION_TAG, None)
     unknown = sorted(
         {n.meta[DELEGATION_TAG] for n in program.graph.nodes if n.meta.get(DELEGATION_TAG)}
         - set(result.partitions)
@@ -27,8 +58,9 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
             f"the {backend.name} backend tagged nodes with tags it gave no backend for: {unknown}",
             hint="the backend's partition() must return a DelegationSpec for every tag it uses",
         )
-    reasons = {
-        n.name: result.cpu_reasons.get(n.name) or backend.default_cpu_reason(n)
+    reasons = {n.name: RETURNED_BUFFER_COPY for n in pinned}
+    reasons |= {
+        n.name: reasons.get(n.name) or result.cpu_reasons.get(n.name) or backend.default_cpu_reason(n)
         for n in op_nodes(program)
         if not n.meta.get(DELEGATION_TAG)
     }

@@ -93,3 +93,30 @@ def test_buffers_given_one_value_compile_and_carry_state(pattern):
     for expected in want:
         (got,) = loaded((x,))
         torch.testing.assert_close(got, expected)
+
+
+class ReturnsItsBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("s", torch.arange(3.0))
+
+    def forward(self, x):
+        self.s.add_(x)
+        return self.s
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
+def test_a_returned_mutated_buffer_compiles_on_every_backend_and_carries_state(backend):
+    """Stock MLX refuses it ("buffer mutation node was found to also be used as other
+    types of outputs"); a copy inside a delegate that does not own the buffer made
+    XNNPACK refuse it ("Output node ... is already in the inputs")."""
+    import compiler
+
+    x = torch.randn(3)
+    eager = ReturnsItsBuffer()
+    want = [eager(x).clone(), eager(x).clone()]
+    artifact = compiler.compile(ReturnsItsBuffer(), (x,), backend)
+    loaded = compiler.LoadedProgram(artifact)
+    for expected in want:
+        (got,) = loaded((x,))
+        torch.testing.assert_close(got, expected)
