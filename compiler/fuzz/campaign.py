@@ -142,7 +142,7 @@ def run(
                 return False
             stock = oracle.stock(program, backend, want) if with_stock else None
             case = Case(len(campaign.cases), program, ours, stock)
-            if out_dir and ours.kind in oracle.FAILURES:
+            if out_dir and (ours.kind in oracle.FAILURES or (stock is not None and stock.passed and not ours.passed)):
                 case = attrs.evolve(case, reproducer=write_reproducer(
                     out_dir, f"{backend}-{campaign_seed}-{case.number}", case, backend, campaign_seed))
             campaign.cases.append(case)

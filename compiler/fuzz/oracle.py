@@ -10,6 +10,7 @@ the same way, so the table can say where we are right and stock is not.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import warnings
 from typing import Callable
@@ -42,10 +43,11 @@ class Outcome:
 
 @contextlib.contextmanager
 def _quiet():
-    """Dependencies warn and log freely while compiling; a fuzz table should not drown in it."""
+    """Dependencies warn, log and draw progress bars freely while compiling; a fuzz table
+    should not drown in it."""
     logging.disable(logging.WARNING)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:

@@ -15,6 +15,7 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Optional
 
 import coremltools as ct
@@ -35,6 +36,8 @@ from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_ze
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
 STAGE = "partition"
+
+logger = logging.getLogger(__name__)
 
 
 class CoreMLRefusal(CompileError):
@@ -208,14 +211,10 @@ class CoreMLBackend(Backend):
                 continue  # state only the CPU uses stays on the CPU
             if len(where) == 1 and None not in where:
                 if not self.rule_context.ios18:
-                    raise UserInputError(
-                        f"the mutable buffer {spec.target!r} would become Core ML state, which needs "
-                        "iOS 18 (stock: 'State model is supported only >= iOS18')",
-                        stage=STAGE,
-                        nodes=[u.name for u in touching],
-                        hint="set minimum_deployment_target='iOS18' (or later), or "
-                        "take_over_mutable_buffer=False to keep the buffer on the CPU",
-                    )
+                    # Stock refuses ('State model is supported only >= iOS18'); the delegate
+                    # reads the buffer and returns its new value instead.
+                    logger.info("coreml: %s stays a CPU buffer (Core ML state needs iOS 18)", spec.target)
+                    continue
                 buffer.meta[DELEGATION_TAG] = where.pop()
                 continue
             placed = [f"{u.name} ({op_name(u.target)}) on {u.meta.get(DELEGATION_TAG) or 'cpu'}" for u in touching]

@@ -42,6 +42,11 @@ class RuleContext:
     skipped_ops: frozenset[str] = frozenset()
 
     @property
+    def ios16(self) -> bool:
+        target = self.minimum_deployment_target
+        return target is not None and target >= ct.target.iOS16
+
+    @property
     def ios18(self) -> bool:
         target = self.minimum_deployment_target
         return target is not None and target >= ct.target.iOS18
@@ -299,6 +304,20 @@ def reads_refused_dtype(node: torch.fx.Node, inside: Collection[torch.fx.Node]) 
             return (
                 f"reads {source.name} ({refused[0]}) from outside its Core ML partition; "
                 f"Core ML takes no {refused[0]} inputs (stock: KeyError: torch.{refused[0]})"
+            )
+    return None
+
+
+def reads_float16_before_ios16(node: torch.fx.Node, inside: Collection[torch.fx.Node], ctx: RuleContext) -> Optional[str]:
+    """Core ML takes float16 inputs only from iOS 16 (stock: 'To use fp16 input, please set
+    minimum deployment target to iOS16+')."""
+    if ctx.ios16:
+        return None
+    for source in node.all_input_nodes:
+        if source not in inside and torch.float16 in tensor_dtypes(source):
+            return (
+                f"reads {source.name} (float16) from outside its Core ML partition; Core ML takes "
+                "float16 inputs only from iOS 16 (set minimum_deployment_target=iOS16 to delegate it)"
             )
     return None
 

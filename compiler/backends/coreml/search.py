@@ -110,7 +110,11 @@ def search(
             for node in inside:
                 if node.target is operator.getitem:
                     continue
-                reason = rules.reads_refused_dtype(node, inside) or rules.gives_refused_dtype(node, inside)
+                reason = (
+                    rules.reads_refused_dtype(node, inside)
+                    or rules.reads_float16_before_ios16(node, inside, ctx)
+                    or rules.gives_refused_dtype(node, inside)
+                )
                 if reason:
                     new[node] = reason
             if not ctx.ios18 and not any(n in new for n in inside):

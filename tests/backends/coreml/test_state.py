@@ -79,14 +79,16 @@ class CoreMLState(nn.Module):
         return self.cache.sin()
 
 
-def test_state_below_ios18_is_a_named_error():
+def test_below_ios18_the_buffer_stays_on_the_cpu_and_its_ops_in_core_ml():
     model, inputs = CoreMLState(), (torch.randn(1, 4),)
     assert "State model is supported only >= iOS18" in stock_error(model, inputs)
-    with pytest.raises(CompileError) as err:
-        compile_coreml(model, inputs)
-    assert "minimum_deployment_target" in err.value.hint
+    artifact = compile_coreml(model, inputs)
+    assert not cpu_ops(artifact)
+    lowered = artifact.stages["lower"].program
+    assert lowered.graph_signature.buffers_to_mutate, "the CPU owns the buffer and writes its new value"
     artifact = compile_coreml(model, inputs, minimum_deployment_target="iOS18")
     assert not cpu_ops(artifact)
+    assert not artifact.stages["lower"].program.graph_signature.buffers_to_mutate, "Core ML state"
 
 
 class UpdatedValueReadOnCpu(nn.Module):

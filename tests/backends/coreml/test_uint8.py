@@ -137,3 +137,17 @@ def test_partition_without_inputs_needs_ios18():
     ios18 = compile_coreml(model, inputs, skip_ops_for_coreml_delegation=skip, minimum_deployment_target="iOS18")
     assert ios18.program.delegates == ("CoreMLBackend",)
     assert list(cpu_ops(ios18).values()) == ["aten.cumsum.default"]
+
+
+class HalfInput(nn.Module):
+    def forward(self, x):
+        return (x * 2).sin()
+
+
+def test_float16_inputs_stay_on_the_cpu_below_ios16_and_are_delegated_from_it():
+    model, inputs = HalfInput(), (torch.randn(2, 4, dtype=torch.float16),)
+    assert "To use fp16 input, please set minimum deployment target to iOS16+" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert any("float16 inputs only from iOS 16" in r for r in cpu_reasons(artifact).values())
+    artifact = compile_coreml(model, inputs, minimum_deployment_target="iOS16")
+    assert not cpu_ops(artifact)
