@@ -15,6 +15,9 @@ embedding that fills `torch.empty_like(x)` by slices, as SmolVLA's expert does);
 it becomes `empty` in its physical order, permuted back. `aten.median` (all elements,
 and along a dim) is in no table and no runtime has a kernel for it: it becomes `topk`
 of the smaller half, its last element (NaN where the slice holds one, as torch gives).
+`aten.cat` of tensors of different dtypes (`torch.cat([mask, x])`: torch promotes)
+gets explicit casts: the Edge verifier refuses mixed dtypes there ("operators are
+taking Tensor inputs with mismatched dtypes"; stock fails the same way).
 """
 
 from __future__ import annotations
@@ -82,6 +85,29 @@ def _median(self):
 
 # Non-core ATen ops that neither ExecuTorch's table nor torch's decomposes, and no
 # ExecuTorch runtime has a kernel for (the portable runtime has `topk`, not `median`).
+def cast_cat_inputs(program: ExportedProgram) -> int:
+    """Cast each input of a mixed-dtype `aten.cat` to the dtype of its result; returns how many."""
+    cast = 0
+    for node in call_nodes(program):
+        out = node.meta.get("val")
+        if node.target is not torch.ops.aten.cat.default or not isinstance(out, torch.Tensor):
+            continue
+        tensors = list(node.args[0])
+        for i, source in enumerate(tensors):
+            value = source.meta.get("val")
+            if isinstance(value, torch.Tensor) and value.dtype != out.dtype:
+                with program.graph.inserting_before(node):
+                    tensors[i] = program.graph.call_function(
+                        torch.ops.aten._to_copy.default, (source,), {"dtype": out.dtype}
+                    )
+                tensors[i].meta["val"] = value.to(out.dtype)
+                cast += 1
+        node.args = (tensors, *node.args[1:])
+    if cast:
+        program.graph_module.recompile()
+    return cast
+
+
 _DECOMPOSED_HERE = {
     torch.ops.aten.median.default: _median,
     torch.ops.aten.median.dim: _median_dim,
@@ -140,6 +166,7 @@ def decompose(
         for node, target in renamed:  # the input artifact must come back unchanged
             node.target = target
     _restore_transformed_ops_to_aten_ops(decomposed)
+    cast_cat_inputs(decomposed)
     return decomposed, sorted({target for _, target in renamed}, key=str)
 
 

@@ -174,3 +174,19 @@ def test_median_decomposes_to_topk_and_matches_eager(model_type, case):
     for got, want in zip(compiler.run(artifact, args), expected, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got, want) or torch.allclose(got, want, equal_nan=True)
+
+
+class MixedCat(torch.nn.Module):
+    def forward(self, mask, x):
+        return torch.cat([mask, x * 2], -1) + 1
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx", "coreml"])
+def test_a_cat_of_mixed_dtypes_gets_explicit_casts(backend):
+    inputs = (torch.rand(2, 3) > 0.5, torch.randn(2, 4, dtype=torch.float16))
+    with pytest.raises(Exception, match="mismatched dtypes"):
+        to_edge(torch.export.export(MixedCat(), inputs))  # stock
+    artifact = compiler.compile(MixedCat(), inputs, backend)
+    if backend != "coreml":
+        (got,) = compiler.run(artifact, inputs)
+        torch.testing.assert_close(got, MixedCat()(*inputs))
