@@ -108,6 +108,14 @@ def write_reproducer(directory: str, name: str, case: Case, backend: str, campai
     return path
 
 
+def _worth_keeping(case: Case) -> bool:
+    """Our failures, programs stock runs and we refuse, and programs stock gets wrong."""
+    stock = case.stock
+    return case.ours.kind in oracle.FAILURES or (
+        stock is not None and (stock.passed != case.ours.passed or stock.kind == oracle.WRONG)
+    )
+
+
 class _Reproduced(Exception):
     """Raised inside hypothesis while a failure of one signature keeps reproducing."""
 
@@ -142,7 +150,7 @@ def run(
                 return False
             stock = oracle.stock(program, backend, want) if with_stock else None
             case = Case(len(campaign.cases), program, ours, stock)
-            if out_dir and (ours.kind in oracle.FAILURES or (stock is not None and stock.passed and not ours.passed)):
+            if out_dir and _worth_keeping(case):
                 case = attrs.evolve(case, reproducer=write_reproducer(
                     out_dir, f"{backend}-{campaign_seed}-{case.number}", case, backend, campaign_seed))
             campaign.cases.append(case)
