@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from compiler.fuzz import campaign, oracle
-from compiler.fuzz.programs import STEPS, Program, Reproducer, Value, programs
+from compiler.fuzz.programs import Program, Reproducer, Value, programs
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "cases", "*.py")))
 # A campaign per backend in the default run: small, fixed (the seed replays it exactly).
@@ -47,7 +47,7 @@ def _draw(count: int, seed: int = 3) -> list[Program]:
 
 
 def test_every_drawn_program_exports_and_every_step_kind_is_drawn():
-    drawn = _draw(60)
+    drawn = _draw(250)
     for program in drawn[:20]:
         model, inputs = program.build()
         torch.export.export(model, inputs)
@@ -55,7 +55,6 @@ def test_every_drawn_program_exports_and_every_step_kind_is_drawn():
     for needle in ("index_put", "masked_fill", "scaled_dot_product_attention", "conv", "layer_norm", "rms_norm",
                    "F.linear", "gelu", "softmax", ".to(", "split", "torch.cat", "add_(", "copy_("):
         assert needle in text, needle
-    assert len(STEPS) >= 17
 
 
 def test_the_same_seed_draws_the_same_programs():
