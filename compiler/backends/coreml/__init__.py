@@ -135,17 +135,27 @@ class CoreMLBackend(Backend):
         return not touched & rules.REFUSED_DTYPES
 
     def dry_run_needed(self, program: ExportedProgram, kept: list[torch.fx.Node]) -> str | None:
-        """The partition rules that can move a kept node to the CPU need a refused dtype, a skip
-        list or a rank above Core ML's limit somewhere in the program; without them, every node
+        """The partition rules that can move a kept node to the CPU need a refused dtype (float16
+        before iOS 16), a skip list, a rank above Core ML's limit, or (before iOS 18) a kept node
+        that reads no model input, whose partition may have no input; without them, every node
         the keep-whole filter accepts is taken."""
         if self.skip_ops_for_coreml_delegation:
             return "a skip list is given"
+        refused = rules.REFUSED_DTYPES | (set() if self.rule_context.ios16 else {torch.float16})
         for node in program.graph.nodes:
             for value in rules.tensor_values(node):
-                if value.dtype in rules.REFUSED_DTYPES:
-                    return f"{node.name} is {value.dtype}, which Core ML refuses"
+                if value.dtype in refused:
+                    return f"{node.name} is {value.dtype}, which Core ML refuses (before iOS 16 for float16)"
                 if value.dim() > rules.CORE_ML_MAX_RANK:
                     return f"{node.name} has rank {value.dim()}"
+        if not self.rule_context.ios18:
+            fed = set(n for n in program.graph.nodes if n.name in program.graph_signature.user_inputs)
+            for node in program.graph.nodes:
+                if node not in fed and any(a in fed for a in node.all_input_nodes):
+                    fed.add(node)
+            lonely = next((n for n in kept if n not in fed), None)
+            if lonely is not None:
+                return f"{lonely.name} reads no model input; a Core ML partition without inputs needs iOS 18"
         return None
 
     # --- partition --------------------------------------------------------------------

@@ -195,6 +195,16 @@ def min_max_over_bool(node, ctx) -> Optional[str]:
     return None
 
 
+@node_rule()
+def assign_into_bool(node, ctx) -> Optional[str]:
+    if _is(node, torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter) and torch.bool in tensor_dtypes(node):
+        return (
+            f"{op_name(node.target)} of bool: Core ML's torch_tensor_assign takes fp16, fp32 or int32 "
+            "(stock: 'expects tensor or scalar of dtype from type domain')"
+        )
+    return None
+
+
 # How stock 1.5.1 fails on each index_put form; a form without a text builds on stock, but
 # coremltools converts it wrongly.
 _STOCK_BOOL_NEXT_TO_SLICE = "the named input `y` must have the same data type as the named input `x`"

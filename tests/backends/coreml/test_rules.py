@@ -219,3 +219,37 @@ def test_scalars_read_at_run_time_stay_on_cpu():
     for op in ("aten._local_scalar_dense.default", "aten.slice_copy.Tensor"):
         assert "a scalar read from a tensor at run time" in on_cpu[op]
     assert "aten.mul.Tensor" in delegated_ops(artifact) and "aten.sum.default" in delegated_ops(artifact)
+
+
+class AssignIntoBool(nn.Module):
+    def forward(self, mask):
+        out = mask.clone()
+        out[1:3] = True
+        return out, mask.any(0)
+
+
+def test_slice_assign_into_bool_runs_on_the_cpu():
+    model, inputs = AssignIntoBool(), (torch.rand(4, 5) > 0.5,)
+    assert "expects tensor or scalar of dtype from type domain" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert any("torch_tensor_assign" in reason for reason in cpu_reasons(artifact).values())
+
+
+class ProductOfConstants(nn.Module):
+    """A matmul that reads no model input: kept whole for Core ML, its partition would
+    have no inputs (Core ML needs iOS 18 for that), so it lands on the CPU, where the
+    runtime has no matmul kernel unless the dry run decomposes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 5))
+
+    def forward(self, x):
+        return torch.ones(4, 3) @ self.w, x + 1
+
+
+def test_a_kept_op_reading_no_model_input_is_decomposed_when_it_lands_on_the_cpu():
+    model, inputs = ProductOfConstants(), (torch.randn(2),)
+    artifact = compile_coreml(model, inputs)
+    assert "matmul" not in {op.split(".")[-2] for op in cpu_ops(artifact).values()}
+    assert artifact.stages["dry_run"].keep_whole.skipped is None
