@@ -16,8 +16,9 @@ after `self.a.add_(x)`) break torch's own signature check once the program is
 functionalized (`run_decompositions`, so also stock ExecuTorch: "User output x is
 not in the correct order"); a mutated buffer that is also returned
 (`self.s.add_(x); return self.s`) breaks `to_backend` ("buffer mutation node was
-found to also be used as other types of outputs"). The copy's source, or the
-returned value, is cloned.
+found to also be used as other types of outputs"; also when what is returned is
+the value copied into the buffer). The copy's source, or the returned value, is
+cloned.
 
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
@@ -97,9 +98,10 @@ def distinct_mutated_values(ep: ExportedProgram) -> int:
     shared = [(n, n.args[1]) for n in ep.graph.nodes if n in copies and isinstance(n.args[1], torch.fx.Node)]
     shared = [(n, source) for n, source in shared if _shared_value(source, copies)]
     output = ep.graph.output_node()
-    mutated = {n.args[0] for n in ep.graph.nodes if _writes_buffer(n, buffers)}
+    # A returned buffer, in-place result or copy source would be a buffer's new value too.
+    new_values = {n.args[0] for n in ep.graph.nodes if _writes_buffer(n, buffers)} | {n.args[1] for n in copies}
     shared += [
-        (output, v) for v in dict.fromkeys(output.all_input_nodes) if _writes_buffer(v, buffers) or v in mutated
+        (output, v) for v in dict.fromkeys(output.all_input_nodes) if _writes_buffer(v, buffers) or v in new_values
     ]
     for node, source in shared:
         _clone_input(ep, node, source)
