@@ -84,3 +84,26 @@ def test_the_oracle_tolerance_follows_dtype_and_noise():
 
 def test_a_wrapped_dependency_error_is_a_failure_and_a_named_one_is_not():
     assert oracle.WRAPPED in oracle.FAILURES and oracle.NAMED not in oracle.FAILURES
+
+
+def test_a_campaign_counts_every_program_once_shrinks_a_failure_and_writes_reproducers(tmp_path, monkeypatch):
+    """A stand-in pipeline that gets every program using softmax wrong: the campaign
+    counts each drawn program once, shrinks the first such failure to a small program
+    still using softmax, and writes standalone reproducers that replay it."""
+
+    def fake_ours(program, backend, want):
+        if any("softmax" in line for line in program.source().splitlines()):
+            return oracle.Outcome(oracle.WRONG, "call 0 output 0: max abs error 1")
+        return oracle.Outcome(oracle.OK)
+
+    monkeypatch.setattr(oracle, "ours", fake_ours)
+    run = campaign.run("portable", 80, campaign_seed=5, out_dir=str(tmp_path), with_stock=False)
+    assert len(run.cases) == 80
+    assert run.failures, "80 programs hold a softmax"
+    assert all(os.path.exists(c.reproducer) for c in run.failures)
+    (smallest,) = run.shrunk
+    assert "softmax" in smallest.program.source()
+    assert len(smallest.program.lines) <= min(len(c.program.lines) for c in run.failures)
+    replayed = Reproducer.load(smallest.reproducer)
+    assert replayed.backend == "portable" and replayed.calls == smallest.program.calls
+    assert "wrong result" in run.table().splitlines()[0]
