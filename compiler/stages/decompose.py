@@ -15,8 +15,8 @@ embedding that fills `torch.empty_like(x)` by slices, as SmolVLA's expert does);
 it becomes `empty` in its physical order, permuted back. `aten.median` (all elements,
 and along a dim) is in no table and no runtime has a kernel for it: it becomes `topk`
 of the smaller half, its last element (NaN where the slice holds one, as torch gives).
-`aten.cat` of tensors of different dtypes (`torch.cat([mask, x])`: torch promotes)
-gets explicit casts: the Edge verifier refuses mixed dtypes there ("operators are
+`aten.cat` (or `stack`, kept whole) of tensors of different dtypes
+(`torch.cat([mask, x])`: torch promotes) gets explicit casts: the Edge verifier refuses mixed dtypes there ("operators are
 taking Tensor inputs with mismatched dtypes"; stock fails the same way).
 """
 
@@ -85,12 +85,17 @@ def _median(self):
 
 # Non-core ATen ops that neither ExecuTorch's table nor torch's decomposes, and no
 # ExecuTorch runtime has a kernel for (the portable runtime has `topk`, not `median`).
+# Ops joining a list of tensors, which torch promotes and the Edge verifier does not.
+_JOINING = (torch.ops.aten.cat.default, torch.ops.aten.stack.default)
+
+
 def cast_cat_inputs(program: ExportedProgram) -> int:
-    """Cast each input of a mixed-dtype `aten.cat` to the dtype of its result; returns how many."""
+    """Cast each input of a mixed-dtype `cat` (or `stack`, kept whole) to the dtype of its
+    result; returns how many."""
     cast = 0
     for node in call_nodes(program):
         out = node.meta.get("val")
-        if node.target is not torch.ops.aten.cat.default or not isinstance(out, torch.Tensor):
+        if node.target not in _JOINING or not isinstance(out, torch.Tensor):
             continue
         tensors = list(node.args[0])
         for i, source in enumerate(tensors):
