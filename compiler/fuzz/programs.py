@@ -462,8 +462,7 @@ def reduce(b: _Builder) -> bool:
     over = f"{dims}, keepdim={keep}" if dims else ""
     one = f"{dims[0]}, keepdim={keep}" if dims else ""
     if x.dtype == torch.bool:
-        form = b.choice((f"{x.name}.any({one})", f"{x.name}.all({one})", f"{x.name}.sum({over})"))
-        return b.assign(form if dims or "sum" in form else f"{x.name}.{form.split('.')[-1].split('(')[0]}()")
+        return b.assign(b.choice((f"{x.name}.any({one})", f"{x.name}.all({one})", f"{x.name}.sum({over})")))
     if not x.is_float:
         forms = [f"{x.name}.sum({over})", f"{x.name}.amax({over})", f"{x.name}.amin({over})"]
         if dims:
@@ -483,9 +482,8 @@ def compare(b: _Builder) -> bool:
     x = b.pick(lambda v: v.dtype != torch.bool and v.exact_enough)
     if x is None:
         return False
-    y, yv = _broadcast_partner(b, x, lambda v: v.dtype != torch.bool and v.exact_enough)
-    op = b.choice((">", "<", ">=", "<=", "==", "!="))
-    return b.assign(f"{x.name} {op} {y}" if yv is not None else f"{x.name} {op} {y}")
+    y, _ = _broadcast_partner(b, x, lambda v: v.dtype != torch.bool and v.exact_enough)
+    return b.assign(f"{x.name} {b.choice(('>', '<', '>=', '<=', '==', '!='))} {y}")
 
 
 def select_where(b: _Builder) -> bool:
