@@ -22,6 +22,7 @@ from typing import Callable, Collection, Optional
 import attrs
 import coremltools as ct
 import torch
+from coremltools.converters.mil.frontend.torch.utils import TORCH_DTYPE_TO_NUM
 from executorch.backends.apple.coreml.partition import coreml_partitioner as stock
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -192,6 +193,15 @@ def min_max_over_bool(node, ctx) -> Optional[str]:
             f"{op_name(node.target)} over bool: Core ML's reduce_max/reduce_min/maximum/minimum "
             "take no bool tensors (stock: ValueError from reduce_max)"
         )
+    return None
+
+
+@node_rule()
+def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
+    for value in (*node.args, *node.kwargs.values()):
+        if isinstance(value, torch.dtype) and value not in TORCH_DTYPE_TO_NUM:
+            name = str(value).removeprefix("torch.")
+            return f"takes the dtype {name} as an argument, which coremltools cannot name (stock: KeyError: torch.{name})"
     return None
 
 

@@ -253,3 +253,16 @@ def test_a_kept_op_reading_no_model_input_is_decomposed_when_it_lands_on_the_cpu
     artifact = compile_coreml(model, inputs)
     assert "matmul" not in {op.split(".")[-2] for op in cpu_ops(artifact).values()}
     assert artifact.stages["dry_run"].keep_whole.skipped is None
+
+
+class RoundsThroughBfloat16(nn.Module):
+    def forward(self, x):
+        return (x * 2).to(torch.bfloat16).to(torch.float32).sin()
+
+
+def test_a_cast_to_a_dtype_coremltools_cannot_name_runs_on_the_cpu():
+    model, inputs = RoundsThroughBfloat16(), (torch.randn(2, 3),)
+    assert "KeyError: torch.bfloat16" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert any("coremltools cannot name" in reason for reason in cpu_reasons(artifact).values())
+    assert delegated_ops(artifact)
