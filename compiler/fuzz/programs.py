@@ -319,7 +319,9 @@ def binary(b: _Builder) -> bool:
              "torch.minimum({x}, torch.as_tensor({y}))"]
     if floats:
         forms.append("{x} / (torch.as_tensor({y}).abs() + 1)")
-    elif yv is not None:
+    else:
+        forms += ["torch.remainder({x}, 3)", "{x} % -3", "{x} // 3", "torch.fmod({x}, 3)"]
+    if not floats and yv is not None:
         forms += ["torch.div({x}, {y}.clamp(min=1), rounding_mode='floor')",
                   "torch.div({x}, {y}.clamp(min=1), rounding_mode='trunc')",
                   "torch.remainder({x}, {y}.clamp(min=1))", "{x} & {y}", "{x} | {y}"]

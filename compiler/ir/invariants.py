@@ -22,7 +22,7 @@ from compiler.ir.graph import (
     constant_placeholders,
     mutated_buffer_targets,
 )
-from compiler.ir.kernels import missing_kernel, registered_kernels
+from compiler.ir.kernels import missing_kernel, registered_kernels, wrong_kernel
 
 
 @attrs.frozen
@@ -231,8 +231,11 @@ def cpu_ops_have_kernels(artifact) -> Violation | None:
         kernel = missing_kernel(node.target)
         if kernel:
             bad.append(f"{node.name} ({op_name(node.target)} needs {kernel})")
+        wrong = wrong_kernel(node)
+        if wrong:
+            bad.append(f"{node.name} ({op_name(node.target)}: the runtime's kernel is wrong here: {wrong})")
     if bad:
-        return Violation("ops left on the CPU have no kernel in the ExecuTorch runtime", tuple(bad))
+        return Violation("ops left on the CPU have no kernel, or a wrong one, in the ExecuTorch runtime", tuple(bad))
     return None
 
 

@@ -132,3 +132,25 @@ def missing_kernel(target: Any) -> str | None:
     if name is None or name in registered_kernels():
         return None
     return name
+
+
+# Kernels of ExecuTorch 1.5.1's portable runtime that compute something other than
+# torch for some inputs: op name -> (when, what goes wrong). A stage that leaves such
+# a call on the CPU is refused by the `cpu_ops_have_kernels` invariant; the decompose
+# stage rewrites these ops into ones whose kernels agree.
+def _integer_result(node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and not value.dtype.is_floating_point
+
+
+WRONG_KERNELS: dict[str, tuple[Any, str]] = {
+    "aten.remainder.Tensor": (_integer_result, "integer remainder truncates (C's %) where torch floors"),
+    "aten.remainder.Scalar": (_integer_result, "integer remainder truncates (C's %) where torch floors"),
+}
+
+
+def wrong_kernel(node) -> str | None:
+    """Why the runtime's CPU kernel for `node` computes otherwise than torch, or None."""
+    target = node.target._op if isinstance(node.target, EdgeOpOverload) else node.target
+    entry = WRONG_KERNELS.get(str(target)) if isinstance(target, torch._ops.OpOverload) else None
+    return entry[1] if entry and entry[0](node) else None

@@ -20,6 +20,12 @@ found to also be used as other types of outputs"; also when what is returned is
 the value copied into the buffer). The copy's source, or the returned value, is
 cloned.
 
+Indexing by a 0-d integer tensor (`x[:, idx]`, `idx` computed) is exported as
+`select(x, dim, idx.item())`: a size-free index read at run time, which ExecuTorch's
+Edge passes cannot retrace ("Could not guard on data-dependent expression 5 <=
+-u6 - 1"; stock fails the same way). It becomes `index_select` by the index
+(wrapped like torch wraps a negative one), squeezed: no value is read at run time.
+
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
 name those types ("No registered serialization name"), and the program's
@@ -86,9 +92,14 @@ def _clone_input(ep: ExportedProgram, node: torch.fx.Node, source: torch.fx.Node
     clone.meta = {k: v for k, v in source.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
     node.replace_input_with(source, clone)
     if node.op == "output":
-        for spec in ep.graph_signature.output_specs:
-            if getattr(spec.arg, "name", None) == source.name:
-                spec.arg.name = clone.name
+        _rename_output(ep, source.name, clone.name)
+
+
+def _rename_output(ep: ExportedProgram, old: str, new: str) -> None:
+    """The graph signature names outputs by node: follow a replaced output node."""
+    for spec in ep.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == old:
+            spec.arg.name = new
 
 
 def distinct_mutated_values(ep: ExportedProgram) -> int:
@@ -108,6 +119,44 @@ def distinct_mutated_values(ep: ExportedProgram) -> int:
     if shared:
         ep.graph_module.recompile()
     return len(shared)
+
+
+_ITEM = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+
+
+def select_by_tensor(ep: ExportedProgram) -> int:
+    """Rewrite `select(x, dim, t.item())` as `index_select(x, dim, t % size).squeeze(dim)`."""
+    graph = ep.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.target is not torch.ops.aten.select.int or not isinstance(node.args[2], torch.fx.Node):
+            continue
+        item = node.args[2]
+        source, value = item.args[0] if item.target in _ITEM else None, node.args[0].meta.get("val")
+        if source is None or not isinstance(value, torch.Tensor):
+            continue
+        dim = node.args[1] % value.dim()
+        mode = torch._guards.detect_fake_mode([value])
+        with graph.inserting_before(node), mode:
+            wrapped = graph.call_function(torch.ops.aten.remainder.Scalar, (source, value.shape[dim]))
+            wrapped.meta["val"] = torch.ops.aten.remainder.Scalar(source.meta["val"], value.shape[dim])
+            flat = graph.call_function(torch.ops.aten.reshape.default, (wrapped, [1]))
+            flat.meta["val"] = wrapped.meta["val"].reshape([1])
+            picked = graph.call_function(torch.ops.aten.index_select.default, (node.args[0], dim, flat))
+            picked.meta["val"] = torch.ops.aten.index_select.default(value, dim, flat.meta["val"])
+            squeezed = graph.call_function(torch.ops.aten.squeeze.dims, (picked, [dim]))
+            squeezed.meta["val"] = picked.meta["val"].squeeze(dim)
+        for new in (wrapped, flat, picked, squeezed):
+            new.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(squeezed)
+        _rename_output(ep, node.name, squeezed.name)
+        graph.erase_node(node)
+        if not item.users:
+            graph.erase_node(item)
+        rewritten += 1
+    if rewritten:
+        ep.graph_module.recompile()
+    return rewritten
 
 
 def _structseqs_as_tuples(spec: pytree.TreeSpec) -> pytree.TreeSpec:
@@ -149,6 +198,8 @@ class Capture(Stage):
                 "no unsupported Python objects); run with --traceback for the full export error",
             ) from exc
         return_types_as_tuples(program)
+        if select_by_tensor(program):
+            ctx.metrics["selects_by_tensor"] = True
         if distinct_mutated_values(program):
             ctx.metrics["mutation_sources_cloned"] = True
         owned = own_model_views(program)

@@ -15,6 +15,9 @@ embedding that fills `torch.empty_like(x)` by slices, as SmolVLA's expert does);
 it becomes `empty` in its physical order, permuted back. `aten.median` (all elements,
 and along a dim) is in no table and no runtime has a kernel for it: it becomes `topk`
 of the smaller half, its last element (NaN where the slice holds one, as torch gives).
+Integer `remainder` becomes `a - floor_div(a, b) * b`: the portable runtime's
+kernel truncates like C's `%` where torch floors (-2 % 5 gives -2, torch 3: silently
+wrong, stock too); the kernel check refuses the op if any stage leaves it on the CPU.
 `aten.cat` (or `stack`, kept whole) of tensors of different dtypes
 (`torch.cat([mask, x])`: torch promotes) gets explicit casts: the Edge verifier refuses mixed dtypes there ("operators are
 taking Tensor inputs with mismatched dtypes"; stock fails the same way).
@@ -113,7 +116,17 @@ def cast_cat_inputs(program: ExportedProgram) -> int:
     return cast
 
 
+def _floored_remainder(self, other):
+    """Integer `remainder` as torch defines it (floored), from ops whose CPU kernels agree:
+    the portable runtime's own integer remainder truncates (see `WRONG_KERNELS`)."""
+    if self.dtype.is_floating_point or getattr(other, "dtype", torch.int64).is_floating_point or isinstance(other, float):
+        return NotImplemented
+    return self - torch.div(self, other, rounding_mode="floor") * other
+
+
 _DECOMPOSED_HERE = {
+    torch.ops.aten.remainder.Tensor: _floored_remainder,
+    torch.ops.aten.remainder.Scalar: _floored_remainder,
     torch.ops.aten.median.default: _median,
     torch.ops.aten.median.dim: _median_dim,
 }

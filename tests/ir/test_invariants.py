@@ -183,6 +183,25 @@ def test_without_verification_the_same_program_only_fails_at_load():
         compiler.run(artifact, inputs)
 
 
+class IntegerRemainder(torch.nn.Module):
+    def forward(self, t):
+        return torch.remainder(t, 5)
+
+
+def test_a_cpu_op_whose_runtime_kernel_is_wrong_is_refused_by_name():
+    """Stock lowers integer remainder to the portable kernel, which truncates: silently wrong."""
+    from executorch.exir import to_edge
+
+    t = torch.tensor([-2, 3, -7])
+    stock = to_edge(torch.export.export(IntegerRemainder(), (t,))).exported_program()
+    (got,) = compiler.run(to_edge(torch.export.export(IntegerRemainder(), (t,))).to_executorch().buffer, (t,))
+    assert got.tolist() == [-2, 3, -2] != IntegerRemainder()(t).tolist()
+    artifact = EdgeProgram(stock)
+    with pytest.raises(VerificationError) as err:
+        inv.cpu_ops_have_kernels.verify(artifact, "decompose")
+    assert "integer remainder truncates" in err.value.nodes[0]
+
+
 def test_pte_calling_unregistered_operator_is_refused():
     artifact = ExecutorchProgram(b"", ("aten::add.out", "aten::matmul.out"), (), PlacementPlan(()))
     with pytest.raises(VerificationError) as err:

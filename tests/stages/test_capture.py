@@ -126,3 +126,25 @@ def test_a_returned_mutated_buffer_compiles_on_every_backend_and_carries_state(b
     for expected in want:
         (got,) = loaded((x,))
         torch.testing.assert_close(got, expected)
+
+
+class IndexByZeroDimTensor(torch.nn.Module):
+    def forward(self, x, i):
+        return x[:, i.clamp(-5, 4)] * 2, x[i.clamp(0, 2)]
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
+@pytest.mark.parametrize("index", [3, -2])
+def test_indexing_by_a_zero_dim_tensor_reads_no_value_at_run_time(backend, index):
+    from executorch.exir import to_edge_transform_and_lower
+
+    import compiler
+
+    x, i = torch.randn(3, 5), torch.tensor(index)
+    with pytest.raises(Exception, match="data-dependent"):
+        to_edge_transform_and_lower(torch.export.export(IndexByZeroDimTensor(), (x, i)))  # stock
+    artifact = compiler.compile(IndexByZeroDimTensor(), (x, i), backend)
+    for got, want in zip(compiler.run(artifact, (x, i)), IndexByZeroDimTensor()(x, i)):
+        torch.testing.assert_close(got, want)
+    ops = {str(n.target) for n in artifact.stages["capture"].program.graph.nodes}
+    assert "aten.item.default" not in ops and "aten.index_select.default" in ops

@@ -190,3 +190,16 @@ def test_a_cat_of_mixed_dtypes_gets_explicit_casts(backend):
     if backend != "coreml":
         for got, want in zip(compiler.run(artifact, inputs), MixedCat()(*inputs)):
             torch.testing.assert_close(got, want)
+
+
+class Remainders(torch.nn.Module):
+    def forward(self, t, d):
+        return torch.remainder(t, 5), t % d, torch.remainder(t.float(), 5)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
+def test_integer_remainder_floors_like_torch(backend):
+    t, d = torch.tensor([-2, 3, -7, 12], dtype=torch.int32), torch.tensor([5, -3, 3, 5], dtype=torch.int32)
+    artifact = compiler.compile(Remainders(), (t, d), backend)
+    for got, want in zip(compiler.run(artifact, (t, d)), Remainders()(t, d)):
+        assert torch.equal(got, want)
