@@ -394,11 +394,17 @@ def view(b: _Builder) -> bool:
     return b.assign(f"{x.name}.expand{_dims(sizes)}")
 
 
-def slicing(b: _Builder) -> bool:
+def _value_and_long_dim(b: _Builder) -> tuple[Value, int] | None:
+    """A value and one of its dims of size 2 or more (something to slice or split)."""
     x = b.pick(lambda v: any(d >= 2 for d in v.shape))
-    if x is None:
+    return None if x is None else (x, b.choice([i for i, d in enumerate(x.shape) if d >= 2]))
+
+
+def slicing(b: _Builder) -> bool:
+    picked = _value_and_long_dim(b)
+    if picked is None:
         return False
-    dim = b.choice([i for i, d in enumerate(x.shape) if d >= 2])
+    x, dim = picked
     size = x.shape[dim]
     prefix = ":, " * dim
     kind = b.choice(("slice", "narrow", "select", "negative", "step"))
@@ -433,10 +439,10 @@ def join(b: _Builder) -> bool:
 
 
 def split(b: _Builder) -> bool:
-    x = b.pick(lambda v: any(d >= 2 for d in v.shape))
-    if x is None:
+    picked = _value_and_long_dim(b)
+    if picked is None:
         return False
-    dim = b.choice([i for i, d in enumerate(x.shape) if d >= 2])
+    x, dim = picked
     size = x.shape[dim]
     kind = b.choice(("split", "sizes", "unbind", "chunk"))
     if kind == "split":
