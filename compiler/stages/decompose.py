@@ -25,6 +25,7 @@ taking Tensor inputs with mismatched dtypes"; stock fails the same way).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -188,10 +189,27 @@ def decompose(
     return decomposed, sorted({target for _, target in renamed}, key=str)
 
 
+@contextlib.contextmanager
+def _unbacked_symbols_kept_in(program: ExportedProgram):
+    """Tracing a data-dependent size leaves a fresh unbacked symbol pending in the shape
+    environment the program shares with every trace of it; left there, the next trace
+    (the decompose stage after a dry run that dropped a node) fails with "Pending unbacked
+    symbols {u4, ...} not in returned outputs"."""
+    mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in program.graph.nodes])
+    shape_env = getattr(mode, "shape_env", None)
+    before = list(shape_env.pending_fresh_unbacked_symbols) if shape_env is not None else None
+    try:
+        yield
+    finally:
+        if shape_env is not None:
+            shape_env.pending_fresh_unbacked_symbols[:] = before
+
+
 def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[str]) -> EdgeProgram:
     """The Edge program for `program`, keeping whole the nodes named (the dry run uses this too)."""
-    decomposed, preserved = decompose(program, keep_nodes)
-    edge, _ = generate_edge_program(decomposed, preserved)
+    with _unbacked_symbols_kept_in(program):
+        decomposed, preserved = decompose(program, keep_nodes)
+        edge, _ = generate_edge_program(decomposed, preserved)
     return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
 
 

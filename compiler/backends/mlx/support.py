@@ -365,8 +365,22 @@ class GuardedSupport(OperatorSupportBase):
         self.refused: dict[str, str] = {}
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        reason = refusal(node)
+        reason = refusal(node) or _dead_only_to_stock(node)
         if reason:
             self.refused[node.name] = reason
             return False
         return self.stock.is_node_supported(submodules, node)
+
+
+def _dead_only_to_stock(node: torch.fx.Node) -> str | None:
+    """Stock's check calls a node without a handler of its own supported when all its users
+    are dead code; a user our rules send to the CPU is live there, and the node, alone
+    in its partition, then fails to lower ("Found unsupported node ... no handler")."""
+    from executorch.backends.mlx.builder import REGISTRY
+
+    if REGISTRY.get_handler(node) is not None:
+        return None
+    refused = next((u for u in node.users if u.op == "call_function" and refusal(u)), None)
+    if refused is None:
+        return None
+    return f"MLX has no handler for {op_name(node.target)}, and its user {refused.name} runs on the CPU"

@@ -449,3 +449,24 @@ def test_integer_clamp_by_float_bounds_matches_eager_on_mlx():
     artifact = _matches_eager_exactly(IntegerClamp(), (torch.tensor([[-3, 0, 1, 4]], dtype=torch.int32),))
     rows = _placement(artifact, "aten.clamp.default")
     assert rows and all(row.where == "MLXBackend" for row in rows), rows
+
+
+class DeadMaskIndex(torch.nn.Module):
+    """A bool-mask index nothing uses: stock's support check calls the fill feeding it
+    supported because its users are dead code, but our rule runs the index on the CPU,
+    which makes the fill live outside MLX (which has no handler for it); the dry run
+    then drops the fill, and the decompose stage after it must not trip over the
+    unbacked size the dry run's trace of the index left pending."""
+
+    def forward(self, x, y):
+        mask = x.new_ones((1, 1, 5), dtype=torch.bool)
+        mask[mask]
+        return y * 2
+
+
+def test_a_fill_that_is_only_dead_code_to_stock_runs_on_the_cpu_when_its_user_does():
+    inputs = (torch.randn(2, 3), torch.randn(4))
+    artifact = compiler.compile(DeadMaskIndex(), inputs, "mlx")
+    (got,) = compiler.run(artifact, inputs)
+    torch.testing.assert_close(got, inputs[1] * 2)
+    assert artifact.stages["dry_run"].keep_whole.dropped
