@@ -205,6 +205,24 @@ def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
     return None
 
 
+_FILLS = tuple(
+    getattr(torch.ops.aten, name)
+    for name in ("full", "zeros", "ones", "new_full", "new_zeros", "new_ones", "full_like", "zeros_like",
+                 "ones_like", "scalar_tensor")
+)
+
+
+@node_rule()
+def zero_dim_fill(node, ctx) -> Optional[str]:
+    value = node.meta.get("val")
+    if _is(node, *_FILLS) and isinstance(value, torch.Tensor) and value.dim() == 0:
+        return (
+            f"{op_name(node.target)} of a 0-d tensor: coremltools gives Core ML's fill an empty float "
+            "shape (stock: 'expects tensor or scalar of dtype from type domain [int32]')"
+        )
+    return None
+
+
 @node_rule()
 def assign_into_bool(node, ctx) -> Optional[str]:
     if _is(node, torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter) and torch.bool in tensor_dtypes(node):

@@ -266,3 +266,16 @@ def test_a_cast_to_a_dtype_coremltools_cannot_name_runs_on_the_cpu():
     artifact = compile_coreml(model, inputs)
     assert any("coremltools cannot name" in reason for reason in cpu_reasons(artifact).values())
     assert delegated_ops(artifact)
+
+
+class ZeroDimFill(nn.Module):
+    def forward(self, x):
+        return x * torch.ones(()) + torch.full((), 2.0), torch.zeros(()).amin()
+
+
+def test_a_zero_dim_fill_runs_on_the_cpu():
+    model, inputs = ZeroDimFill(), (torch.randn(2, 3),)
+    assert "type domain" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert any("0-d tensor" in reason for reason in cpu_reasons(artifact).values())
+    assert delegated_ops(artifact)
