@@ -12,7 +12,7 @@ from compiler.fuzz.programs import Program, Reproducer, Value, programs
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "cases", "*.py")))
 # A campaign per backend in the default run: small, fixed (the seed replays it exactly).
-CI_EXAMPLES = {"portable": 25, "xnnpack": 25, "mlx": 25, "coreml": 15}
+CI_EXAMPLES = {"portable": 20, "xnnpack": 20, "mlx": 20, "coreml": 12}
 
 
 @pytest.mark.parametrize("backend", list(CI_EXAMPLES))
