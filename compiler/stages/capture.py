@@ -71,7 +71,9 @@ def own_model_views(ep: ExportedProgram) -> list[str]:
 
 def _shared_value(source: torch.fx.Node, copies: set[torch.fx.Node]) -> bool:
     """Whether functionalization may give `source` to another buffer or output too."""
-    if source.op == "placeholder" or (source.op == "call_function" and source.target._schema.name.endswith("_")):
+    if source.op == "placeholder" or (
+        isinstance(source.target, torch._ops.OpOverload) and source.target._schema.name.endswith("_")
+    ):
         return True
     return len([u for u in source.users if u in copies]) > 1
 

@@ -67,7 +67,8 @@ class XnnpackBackend(Backend):
         dequantized_here = rules.dequantize_with_plain_ops(program)  # stock would drop their scales
         with _collect_refusals() as collector:
             result = self.partitioner.partition(program)
-        return BackendPartition(dict(result.partition_tags), {**collector.reasons, **dequantized_here})
+        copies = rules.copies_leaving_the_delegate(program)
+        return BackendPartition(dict(result.partition_tags), {**collector.reasons, **dequantized_here, **copies})
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         target = format_target_name(getattr(node.target, "__name__", str(node.target)))

@@ -18,6 +18,10 @@ weight stays int8 in the program, the casts run on the CPU's portable kernels
 (which have no kernel for `torchao.dequantize_affine` itself), XNNPACK may take the
 float sub and mul, and the GEMM reading a computed weight is left on the CPU by
 stock's own rule (a float GEMM's weight must be static).
+
+A copy (`clone`) XNNPACK takes whose result is used outside the delegate runs on the
+CPU: XNNPACK elides copies, so its output would pass another value through, which
+the delegate refuses ("Output node ... is already in the inputs"; stock fails so).
 """
 
 from __future__ import annotations
@@ -234,3 +238,22 @@ def dequantize_with_plain_ops(program: ExportedProgram) -> dict[str, str]:
         program.graph_module.recompile()
         logger.info("XNNPACK: weight-only dequantize_affine rewritten into %d plain ops", len(made))
     return made
+
+
+COPY_LEAVES_DELEGATE = (
+    "a copy whose result leaves the delegate: XNNPACK elides copies, which would make its output "
+    "a pass-through of another value (stock: 'Output node ... is already in the inputs')"
+)
+
+
+def copies_leaving_the_delegate(program: ExportedProgram) -> dict[str, str]:
+    """Untag the copies XNNPACK took whose result is used outside their delegate; their reasons."""
+    untagged = {}
+    for node in program.graph.nodes:
+        tag = node.meta.get("delegation_tag")
+        if not tag or "clone" not in op_name(node.target):
+            continue
+        if any(user.op == "output" or user.meta.get("delegation_tag") != tag for user in node.users):
+            del node.meta["delegation_tag"]
+            untagged[node.name] = COPY_LEAVES_DELEGATE
+    return untagged
