@@ -223,11 +223,19 @@ def zero_dim_fill(node, ctx) -> Optional[str]:
     return None
 
 
+# Ops coremltools converts to MIL ops whose data takes fp16, fp32 or int32 only.
+_NO_BOOL_DATA = (
+    torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter,  # torch_tensor_assign
+    torch.ops.aten.index_select, torch.ops.aten.gather, torch.ops.aten.index,  # gather, gather_nd
+)
+
+
 @node_rule()
-def assign_into_bool(node, ctx) -> Optional[str]:
-    if _is(node, torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter) and torch.bool in tensor_dtypes(node):
+def bool_data_core_ml_refuses(node, ctx) -> Optional[str]:
+    data = node.args[0] if node.args else None
+    if _is(node, *_NO_BOOL_DATA) and isinstance(data, torch.fx.Node) and torch.bool in tensor_dtypes(data):
         return (
-            f"{op_name(node.target)} of bool: Core ML's torch_tensor_assign takes fp16, fp32 or int32 "
+            f"{op_name(node.target)} of bool data: the Core ML op it becomes takes fp16, fp32 or int32 "
             "(stock: 'expects tensor or scalar of dtype from type domain')"
         )
     return None

@@ -232,7 +232,19 @@ def test_slice_assign_into_bool_runs_on_the_cpu():
     model, inputs = AssignIntoBool(), (torch.rand(4, 5) > 0.5,)
     assert "expects tensor or scalar of dtype from type domain" in stock_error(model, inputs)
     artifact = compile_coreml(model, inputs)
-    assert any("torch_tensor_assign" in reason for reason in cpu_reasons(artifact).values())
+    assert any("of bool data" in reason for reason in cpu_reasons(artifact).values())
+
+
+class GatherBool(nn.Module):
+    def forward(self, mask, x):
+        return mask.index_select(0, torch.tensor([0, 2])), x * 2
+
+
+def test_index_select_of_bool_runs_on_the_cpu():
+    model, inputs = GatherBool(), (torch.rand(4) > 0.5, torch.randn(3))
+    assert "type domain" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert any("of bool data" in reason for reason in cpu_reasons(artifact).values())
 
 
 class ProductOfConstants(nn.Module):
