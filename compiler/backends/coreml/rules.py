@@ -207,9 +207,8 @@ def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
 
 _FILLS = tuple(
     getattr(torch.ops.aten, name)
-    for name in ("full", "zeros", "ones", "new_full", "new_zeros", "new_ones", "full_like", "zeros_like",
-                 "ones_like", "scalar_tensor")
-)
+    for name in ("full", "zeros", "ones", "new_full", "new_zeros", "new_ones", "full_like", "zeros_like", "ones_like")
+)  # not scalar_tensor: coremltools converts it as a constant
 
 
 @node_rule()
