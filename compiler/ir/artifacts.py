@@ -64,6 +64,8 @@ class AtenProgram(_ExportedArtifact):
     invariants: ClassVar[tuple] = (
         inv.program_validates,
         inv.aten_ops_only,
+        inv.no_transform_regions,
+        inv.constants_not_written,
         inv.constants_listed_once,
         inv.constants_own_their_bytes,
     )

@@ -7,6 +7,7 @@ import operator
 from typing import Iterator
 
 import torch
+import torch._functorch.predispatch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, InputSpec
 
@@ -15,6 +16,31 @@ from executorch.exir.delegate import executorch_call_delegate
 DELEGATION_TAG = "delegation_tag"
 
 CONSTANT_INPUT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+
+
+# functorch's transform markers in a pre-dispatch (ATen) graph: a vmap region opens and
+# closes with them, and the values between are batched tensors.
+TRANSFORM_MARKERS = frozenset(
+    getattr(torch._functorch.predispatch, name)
+    for name in (
+        "_vmap_increment_nesting",
+        "_vmap_decrement_nesting",
+        "_jvp_increment_nesting",
+        "_jvp_decrement_nesting",
+        "_enter_dual_level",
+        "_exit_dual_level",
+        "lazy_load_decompositions",
+    )
+)
+
+
+def writes_argument(node: torch.fx.Node, target: torch.fx.Node) -> bool:
+    """Whether `node` writes `target` in place (an argument the op's schema marks as written)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    arguments = node.target._schema.arguments
+    given = list(zip(arguments, node.args)) + [(a, node.kwargs.get(a.name)) for a in arguments[len(node.args) :]]
+    return any(value is target and a.alias_info is not None and a.alias_info.is_write for a, value in given)
 
 
 def call_nodes(ep: ExportedProgram) -> Iterator[torch.fx.Node]:

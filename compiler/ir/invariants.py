@@ -12,15 +12,18 @@ from typing import Any, Callable
 
 import attrs
 import torch
+from torch.export.graph_signature import InputKind
 
 from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
 from compiler.ir.errors import VerificationError
 from compiler.ir.graph import (
     CONSTANT_INPUT_KINDS,
     DELEGATION_TAG,
+    TRANSFORM_MARKERS,
     call_nodes,
     constant_placeholders,
     mutated_buffer_targets,
+    writes_argument,
 )
 from compiler.ir.kernels import missing_kernel, registered_kernels, wrong_kernel
 
@@ -80,6 +83,28 @@ def aten_ops_only(artifact) -> Violation | None:
 @invariant("a pass inserted an op of the wrong dialect; use the Edge op (exir_ops.edge...)")
 def edge_ops_only(artifact) -> Violation | None:
     return _foreign_ops(artifact, EDGE)
+
+
+@invariant("capture inlines vmap regions; a stage after it must not bring functorch's markers back")
+def no_transform_regions(artifact) -> Violation | None:
+    marked = [n.name for n in call_nodes(artifact.program) if n.target in TRANSFORM_MARKERS]
+    if marked:
+        return Violation("the program holds a functorch transform region (vmap) whose values are batched", tuple(marked))
+    return None
+
+
+@invariant("capture makes every constant the program writes a buffer; a stage after it wrote a constant")
+def constants_not_written(artifact) -> Violation | None:
+    ep = artifact.program
+    constants = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.CONSTANT_TENSOR}
+    written = [
+        n.name
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and n.name in constants and any(writes_argument(u, n) for u in n.users)
+    ]
+    if written:
+        return Violation("lifted constants are written in place (a constant's write would outlive the call)", tuple(written))
+    return None
 
 
 @invariant("give each copy of a constant its own target (the split-constants stage does this)")

@@ -26,6 +26,22 @@ Edge passes cannot retrace ("Could not guard on data-dependent expression 5 <=
 -u6 - 1"; stock fails the same way). It becomes `index_select` by the index
 (wrapped like torch wraps a negative one), squeezed: no value is read at run time.
 
+A tensor the model keeps outside its registered buffers (a plain attribute, or one held
+by a helper object such as transformers' `StaticCache`, even when the same tensor is
+also registered as a buffer elsewhere) is lifted by `torch.export` as a constant; when
+forward writes it in place, functionalization refuses the program ("Constant
+lifted_tensor_0 is mutated in the forward method. Pls register it as buffer"; stock
+fails the same way). Every constant the graph writes becomes a non-persistent buffer
+here, so its writes become buffer mutations like any other state.
+
+A mask built with `torch.vmap` (transformers' masking utilities do so when a model adds
+its own mask function, as Gemma 3 does for image tokens) is exported as a region between
+functorch's nesting markers whose values are batched tensors. Nothing after capture can
+hold one: folding it, or a backend's support check reading its fake value, fails with
+"your tensor may have escaped from inside a function being vmapped". When the graph has
+such a region, capture retraces the program once with no decompositions, which applies
+vmap's batching rules and leaves plain ATen ops.
+
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
 name those types ("No registered serialization name"), and the program's
@@ -43,6 +59,7 @@ from torch.utils import _pytree as pytree
 
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
+from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
 from compiler.ir.invariants import owns_its_bytes, plain_tensor
 from compiler.stages.base import Stage, StageContext
 
@@ -67,6 +84,49 @@ def own_model_views(ep: ExportedProgram) -> list[str]:
     if owned:
         logger.info("capture: %d model constants were views; each now owns its storage", len(owned))
     return owned
+
+
+def _same_tensor_key(value: torch.Tensor) -> tuple:
+    return (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
+
+
+def mutated_constants_as_buffers(ep: ExportedProgram) -> list[str]:
+    """Turn every lifted constant the graph writes into a non-persistent buffer; returns their targets.
+
+    A written constant that is the very tensor of a buffer (registered under another name,
+    or another written constant) is read through that buffer instead: two placeholders for
+    one written tensor are aliased inputs, which functionalization cannot export.
+    """
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    buffers: dict[tuple, torch.fx.Node] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.BUFFER:
+            value = (ep.state_dict if spec.persistent else ep.constants)[spec.target]
+            buffers.setdefault(_same_tensor_key(value), placeholders[spec.arg.name])
+    written, merged = [], []
+    for spec in list(ep.graph_signature.input_specs):
+        node = placeholders[spec.arg.name]
+        if spec.kind != InputKind.CONSTANT_TENSOR or not any(writes_argument(u, node) for u in node.users):
+            continue
+        key = _same_tensor_key(ep.constants[spec.target])
+        if key in buffers:
+            node.replace_all_uses_with(buffers[key])
+            ep.graph.erase_node(node)
+            ep.graph_signature.input_specs.remove(spec)
+            del ep.constants[spec.target]
+            merged.append(spec.target)
+        else:
+            spec.kind, spec.persistent = InputKind.BUFFER, False
+            buffers[key] = node
+        written.append(spec.target)
+    if written:
+        ep.graph_module.recompile()
+        logger.info("capture: constants written in forward became buffers: %s (read as a buffer: %s)", written, merged)
+    return written
+
+
+def has_transform_regions(ep: ExportedProgram) -> bool:
+    return any(n.op == "call_function" and n.target in TRANSFORM_MARKERS for n in ep.graph.nodes)
 
 
 def _shared_value(source: torch.fx.Node, copies: set[torch.fx.Node]) -> bool:
@@ -200,10 +260,17 @@ class Capture(Stage):
                 "no unsupported Python objects); run with --traceback for the full export error",
             ) from exc
         return_types_as_tuples(program)
+        buffers = mutated_constants_as_buffers(program)
+        if buffers:
+            ctx.metrics["constants_made_buffers"] = len(buffers)
         if select_by_tensor(program):
             ctx.metrics["selects_by_tensor"] = True
         if distinct_mutated_values(program):
             ctx.metrics["mutation_sources_cloned"] = True
+        if has_transform_regions(program):
+            with torch.no_grad():
+                program = program.run_decompositions({})
+            ctx.metrics["vmap_inlined"] = True
         owned = own_model_views(program)
         if owned:
             ctx.metrics["views_owned"] = len(owned)

@@ -281,3 +281,32 @@ def test_a_captured_view_fails_verification_unless_capture_gave_it_storage():
     assert err.value.nodes[0].startswith("rows ")
     artifact = compiler.compile(SlicedTable(), (torch.randn(4, 8),), "xnnpack", stop_after="capture")
     assert artifact.program.state_dict["rows"].storage_offset() == 0
+
+
+class WritesAPlainTensor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.total = torch.zeros(3)  # not a buffer: export lifts it as a constant
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * 2
+
+
+def test_a_written_constant_is_refused_by_name():
+    exported = torch.export.export(WritesAPlainTensor(), (torch.randn(3),), strict=False)
+    with pytest.raises(VerificationError, match="constants_not_written") as err:
+        inv.constants_not_written.verify(AtenProgram(exported), stage="capture")
+    assert "c_total" in str(err.value)
+
+
+def test_a_vmap_region_is_refused_by_name():
+    class VmapOuter(torch.nn.Module):
+        def forward(self, x):
+            return torch.vmap(lambda row: row.sum() * row)(x)
+
+    exported = torch.export.export(VmapOuter(), (torch.randn(3, 4),), strict=False)
+    with pytest.raises(VerificationError, match="no_transform_regions"):
+        inv.no_transform_regions.verify(AtenProgram(exported), stage="capture")
+    captured = compiler.compile(VmapOuter(), (torch.randn(3, 4),), stop_after="capture")
+    inv.no_transform_regions.verify(captured, stage="capture")

@@ -148,3 +148,74 @@ def test_indexing_by_a_zero_dim_tensor_reads_no_value_at_run_time(backend, index
         torch.testing.assert_close(got, want)
     ops = {str(n.target) for n in artifact.stages["capture"].program.graph.nodes}
     assert "aten.item.default" not in ops and "aten.index_select.default" in ops
+
+
+class _Holder:
+    """Not a module: its tensor is lifted by torch.export as a constant (as StaticCache's are)."""
+
+    def __init__(self):
+        self.total = torch.zeros(3)
+
+
+class WritesAConstant(torch.nn.Module):
+    """Writes in place a tensor it keeps outside its own buffers, also registered under another name."""
+
+    def __init__(self):
+        super().__init__()
+        self.holder = _Holder()
+        self.register_buffer("alias", self.holder.total, persistent=False)
+        self.cache = torch.zeros(2, 3)  # a plain attribute, written at a position
+
+    def forward(self, x, position):
+        self.holder.total.add_(x)
+        self.cache.index_copy_(0, position, x.unsqueeze(0))
+        return self.holder.total * 2 + self.cache.sum(0)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
+def test_a_constant_written_in_forward_becomes_a_buffer_and_carries_state(backend):
+    import compiler
+
+    inputs = [(torch.randn(3), torch.tensor([0])), (torch.randn(3), torch.tensor([1]))]
+    eager = WritesAConstant()
+    want = [eager(*x).clone() for x in inputs]
+    from executorch.exir import to_edge_transform_and_lower
+
+    stock = torch.export.export(WritesAConstant(), inputs[0], strict=False)
+    # Stock: "Constant cache is mutated in the forward method", or for the aliased one this:
+    with pytest.raises(Exception, match="is mutated in the forward method|expected compiled_fn to be GraphModule"):
+        to_edge_transform_and_lower(stock)
+    program, metrics = _capture(WritesAConstant(), inputs[0])
+    assert metrics["constants_made_buffers"] == 2
+    loaded = compiler.LoadedProgram(compiler.compile(WritesAConstant(), inputs[0], backend))
+    for x, expected in zip(inputs, want):
+        (got,) = loaded(x)
+        torch.testing.assert_close(got, expected)
+
+
+class VmapMask(torch.nn.Module):
+    """A causal mask built with nested torch.vmap over index vectors, as transformers'
+    masking utilities build it when a model adds its own mask function."""
+
+    def forward(self, x):
+        idx = torch.arange(x.shape[-1])
+        causal = torch.vmap(torch.vmap(lambda q, k: k <= q, in_dims=(None, 0)), in_dims=(0, None))
+        return x.masked_fill(~causal(idx, idx), 0.0)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
+def test_a_vmap_built_mask_is_inlined_at_capture_and_matches_eager(backend):
+    """Left in the graph, fold dropped vmap's nesting markers as dead code and MLX's support
+    check read a batched value: "your tensor may have escaped from inside a function being vmapped"."""
+    import compiler
+    from compiler.ir.graph import TRANSFORM_MARKERS
+
+    x = torch.randn(2, 5, 5)
+    exported = torch.export.export(VmapMask(), (x,), strict=False)
+    assert any(n.target in TRANSFORM_MARKERS for n in exported.graph.nodes)
+    program, metrics = _capture(VmapMask(), (x,))
+    assert metrics["vmap_inlined"]
+    assert not any(n.target in TRANSFORM_MARKERS for n in program.graph.nodes)
+    artifact = compiler.compile(VmapMask(), (x,), backend)
+    (got,) = compiler.run(artifact, (x,))
+    torch.testing.assert_close(got, VmapMask()(x))
