@@ -34,9 +34,15 @@ TRANSFORM_MARKERS = frozenset(
 )
 
 
+# In-place by schema, but they change no data (`x[torch.tensor([1])] = v` detaches its index).
+METADATA_WRITES = frozenset([torch.ops.aten.detach_.default])
+
+
 def writes_argument(node: torch.fx.Node, target: torch.fx.Node) -> bool:
-    """Whether `node` writes `target` in place (an argument the op's schema marks as written)."""
+    """Whether `node` writes `target`'s data in place (an argument the op's schema marks as written)."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if node.target in METADATA_WRITES:
         return False
     arguments = node.target._schema.arguments
     given = list(zip(arguments, node.args)) + [(a, node.kwargs.get(a.name)) for a in arguments[len(node.args) :]]

@@ -16,7 +16,8 @@ A node whose output size depends on the data (an unbacked symbol such as `u0`:
 a boolean-mask index, `nonzero`) is never kept whole, whatever the backend asks:
 renamed into the no-decompose namespace it is traced with its meta kernel, which
 cannot make such a size (`UnsupportedOperatorException: EDGE_DO_NOT_DECOMP.index.Tensor`
-for SmolVLA's patch-position merge kept whole for Core ML). Nor is a node that
+for SmolVLA's patch-position merge kept whole for Core ML), nor is an index by a boolean
+mask whose size a check fixed (Gemma 3's image-token merge). Nor is a node that
 passes a Python number where its schema takes a Tensor (`div.Tensor_mode(i, 3)`).
 """
 
@@ -52,6 +53,21 @@ def data_dependent_size(node: torch.fx.Node) -> str | None:
     )
 
 
+def boolean_mask_index(node: torch.fx.Node) -> str | None:
+    """Why `node` cannot be kept whole because it indexes by a boolean mask: its size is the
+    mask's count, even where a size check fixed it (`torch._check(x[mask].numel() == n)`,
+    as transformers' image-token merge does, leaves no data-dependent symbol to see)."""
+    if node.target is not torch.ops.aten.index.Tensor:
+        return None
+    masks = [i for i in node.args[1] if isinstance(i, torch.fx.Node) and i.meta["val"].dtype in (torch.bool, torch.uint8)]
+    if not masks:
+        return None
+    return (
+        f"it indexes by the boolean mask {masks[0].name}: kept whole, it would be traced with its "
+        "meta kernel, which cannot make a size that depends on the mask's values"
+    )
+
+
 def number_for_a_tensor(node: torch.fx.Node) -> str | None:
     """Why `node` cannot be kept whole because it passes a Python number where its schema
     takes a Tensor (`torch.div(i, 3, rounding_mode="floor")` is recorded as
@@ -73,7 +89,7 @@ def number_for_a_tensor(node: torch.fx.Node) -> str | None:
 
 
 # Each: node -> why it cannot be kept whole whatever the backend asks, or None.
-_CANNOT_KEEP_WHOLE = (data_dependent_size, number_for_a_tensor)
+_CANNOT_KEEP_WHOLE = (data_dependent_size, boolean_mask_index, number_for_a_tensor)
 
 
 def requested_nodes(program: ExportedProgram, backend: Backend) -> tuple[list[torch.fx.Node], dict[str, str]]:

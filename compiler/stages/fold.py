@@ -43,7 +43,7 @@ from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
-from compiler.ir.graph import copy_program, mutated_buffer_targets
+from compiler.ir.graph import METADATA_WRITES, copy_program, mutated_buffer_targets
 from compiler.ir.invariants import owns_its_bytes, plain_tensor
 from compiler.stages.base import Stage, StageContext
 
@@ -119,14 +119,10 @@ def _stored_constant(value: torch.Tensor, taken: set[int]) -> torch.Tensor:
     return value.clone(memory_format=torch.contiguous_format)
 
 
-# In-place by schema, but they change no data (`x[torch.tensor([1])] = v` detaches its index).
-_METADATA_WRITES = frozenset([aten.detach_.default])
-
-
 def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
     """The nodes an op writes into (training-IR programs keep in-place ops like add_, copy_)."""
     schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None or node.target in _METADATA_WRITES:
+    if node.op != "call_function" or schema is None or node.target in METADATA_WRITES:
         return []
     written = []
     for index, argument in enumerate(schema.arguments):

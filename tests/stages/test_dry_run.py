@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 import compiler
 import compiler.examples
@@ -187,3 +188,27 @@ def test_a_node_passing_a_number_for_a_tensor_is_not_kept_whole():
     (name,) = [n.name for n in artifact.stages["dry_run"].program.graph.nodes if n.target == torch.ops.aten.div.Tensor_mode]
     assert name not in plan.nodes and "the number 3 as its Tensor argument 'other'" in plan.dropped[name]
     torch.testing.assert_close(compiler.run(artifact, args)[0], model(*args))
+
+
+class CheckedImageMerge(torch.nn.Module):
+    """A vision-language model's image-token merge: the mask's count is checked against
+    the image features (transformers' get_placeholder_mask), which fixes the masked
+    index's size, so its fake value shows no data-dependent symbol."""
+
+    def forward(self, embeddings, ids, features):
+        mask = (ids == 7).unsqueeze(-1).expand_as(embeddings)
+        torch._check(embeddings[mask].numel() == features.numel())
+        return embeddings.masked_scatter(mask, features)
+
+
+@pytest.mark.parametrize("backend", [KeepIndexBackend(), "coreml"], ids=["keep-index", "coreml"])
+def test_a_boolean_mask_index_of_checked_size_is_not_kept_whole(backend):
+    args = (torch.randn(1, 6, 4), torch.tensor([[1, 7, 7, 2, 7, 3]]), torch.randn(1, 3, 4))
+    artifact = compiler.compile(CheckedImageMerge(), args, backend)
+    program = artifact.stages["dry_run"].program
+    (name,) = [n.name for n in program.graph.nodes if n.target == torch.ops.aten.index.Tensor]
+    assert not free_unbacked_symbols(program.graph.find_nodes(op="call_function", target=torch.ops.aten.index.Tensor)[0].meta["val"])
+    plan = artifact.stages["dry_run"].keep_whole
+    assert name not in plan.nodes and "boolean mask" in plan.dropped[name]
+    if not isinstance(backend, str):
+        torch.testing.assert_close(compiler.run(artifact, args)[0], CheckedImageMerge()(*args))

@@ -405,3 +405,4 @@ def test_a_program_without_inputs_folds_and_runs():
     artifact = compiler.compile(model, (), "portable")
     for out, expected in zip(compiler.run(artifact, ()), model()):
         assert out.dtype == expected.dtype and torch.equal(out, expected)
+

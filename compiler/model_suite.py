@@ -1,0 +1,309 @@
+"""Hugging Face transformers models, tiny and with random weights, built from configs.
+
+These are the models users bring and did not write: a language model with a static KV
+cache, vision and speech encoders, a vision-language model. Every builder returns
+`(module, example_inputs)` like the built-in examples; `from_pretrained` is never called
+and nothing is downloaded. They need the `models` extra (`pip install -e '.[models]'`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torch import nn
+
+from compiler.ir.errors import UserInputError
+
+TRANSFORMERS_RANGE = ">=5.4,<5.6"
+
+
+def _needs_transformers(builder: Callable) -> Callable:
+    """Seeded like the built-in examples, and a named error when the extra is missing."""
+
+    @functools.wraps(builder)
+    def build(*args, **kwargs):
+        try:
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise UserInputError(
+                f"the model {builder.__name__!r} needs Hugging Face transformers, which is not installed",
+                hint="pip install -e '.[models]'",
+            ) from exc
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            module, inputs = builder(*args, **kwargs)
+        return module.eval(), inputs
+
+    return build
+
+
+def _eager_attention(config):
+    # One attention path on every backend: transformers' eager attention is plain matmuls and
+    # softmax, which every delegate takes, and its mask comes from the masking utilities.
+    config._attn_implementation = "eager"
+    return config
+
+
+class Logits(nn.Module):
+    """Runs a causal LM without a cache and returns only the logits tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+class DecoderStep(nn.Module):
+    """One decoding step of a causal LM with a static KV cache, as optimum-executorch exports it.
+
+    Wraps transformers' `TorchExportableModuleForDecoderOnlyLM`; its own `forward` drops
+    `cache_position` in transformers 5.5 (its `export` traces the inner module instead), so
+    this calls the inner module, whose registered cache buffers are mutated in place.
+    """
+
+    def __init__(self, exportable: nn.Module) -> None:
+        super().__init__()
+        self.exportable = exportable
+
+    def forward(self, input_ids, cache_position):
+        return self.exportable.model(input_ids=input_ids, cache_position=cache_position)
+
+
+@_needs_transformers
+def llama_static_cache(layers: int = 2, hidden: int = 64, max_cache_len: int = 16, vocab: int = 128):
+    """Llama decoder step with a static KV cache (TorchExportableModuleForDecoderOnlyLM); inputs: token ids, cache position."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    config = _eager_attention(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4 * max_cache_len,
+        )
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": max_cache_len},
+    )
+    exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_cache_len)
+    return DecoderStep(exportable), (torch.tensor([[5]]), torch.tensor([0]))
+
+
+def decode_inputs(step: int, vocab: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs of decoding step `step` of `llama_static_cache`: a token id and its position."""
+    return torch.tensor([[(5 + 7 * step) % vocab]]), torch.tensor([step])
+
+
+@_needs_transformers
+def gemma(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128):
+    """Gemma causal LM with hidden_activation="gelu_pytorch_tanh"; returns the logits."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = _eager_attention(
+        GemmaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            hidden_activation="gelu_pytorch_tanh",
+            max_position_embeddings=64,
+        )
+    )
+    return Logits(GemmaForCausalLM(config)), (torch.randint(0, vocab, (1, seq)),)
+
+
+def _siglip_vision_config(image: int, patch: int, hidden: int, layers: int):
+    from transformers import SiglipVisionConfig
+
+    return _eager_attention(
+        SiglipVisionConfig(
+            image_size=image,
+            patch_size=patch,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+        )
+    )
+
+
+class Tensors(nn.Module):
+    """Returns a model output's tensors as a tuple, in the order named."""
+
+    def __init__(self, model: nn.Module, *names: str) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+
+    def forward(self, *inputs):
+        out = self.model(*inputs)
+        return tuple(getattr(out, name) for name in self.names)
+
+
+@_needs_transformers
+def siglip(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2):
+    """SigLIP vision encoder; returns the patch embeddings and the pooled embedding."""
+    from transformers import SiglipVisionModel
+
+    model = SiglipVisionModel(_siglip_vision_config(image, patch, hidden, layers))
+    return Tensors(model, "last_hidden_state", "pooler_output"), (torch.randn(1, 3, image, image),)
+
+
+class CameraFrame(nn.Module):
+    """Takes a uint8 HWC camera frame as a robot gives it: permute, to float, scale, normalize."""
+
+    def __init__(self, vision: nn.Module, mean: float = 0.5, std: float = 0.5) -> None:
+        super().__init__()
+        self.vision = vision
+        self.mean, self.std = mean, std
+
+    def forward(self, frame):
+        pixels = frame.permute(2, 0, 1).unsqueeze(0).to(torch.float32) / 255.0
+        return self.vision(pixel_values=(pixels - self.mean) / self.std).last_hidden_state
+
+
+@_needs_transformers
+def smolvlm_vision_uint8(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2):
+    """SmolVLM (Idefics3) vision transformer behind a uint8 HWC camera-frame wrapper."""
+    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
+
+    config = _eager_attention(
+        Idefics3VisionConfig(
+            image_size=image,
+            patch_size=patch,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+        )
+    )
+    frame = torch.randint(0, 256, (image, image, 3), dtype=torch.uint8)
+    return CameraFrame(Idefics3VisionTransformer(config)), (frame,)
+
+
+@_needs_transformers
+def gpt2(layers: int = 48, embd: int = 128, seq: int = 16, vocab: int = 256):
+    """GPT-2 causal LM (48 layers, n_embd=128 by default); returns the logits."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = _eager_attention(
+        GPT2Config(vocab_size=vocab, n_positions=64, n_embd=embd, n_layer=layers, n_head=4)
+    )
+    return Logits(GPT2LMHeadModel(config)), (torch.randint(0, vocab, (1, seq)),)
+
+
+class VisionLanguage(nn.Module):
+    """A vision-language model's prefill: token ids with image placeholders, token types, pixels -> logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, token_type_ids, pixel_values):
+        return self.model(
+            input_ids=input_ids, token_type_ids=token_type_ids, pixel_values=pixel_values, use_cache=False
+        ).logits
+
+
+@_needs_transformers
+def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, text: int = 6):
+    """Gemma 3 vision-language model (SigLIP tower, pooled projector, image-token merge, bidirectional image mask built with vmap)."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig
+
+    vision = _siglip_vision_config(image, patch, hidden, 1)
+    text_config = Gemma3TextConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"][:layers] + ["full_attention"] * (layers - 2),
+        max_position_embeddings=64,
+    )
+    image_tokens = 4
+    config = _eager_attention(
+        Gemma3Config(
+            text_config=text_config,
+            vision_config=vision,
+            mm_tokens_per_image=image_tokens,
+            image_token_index=100,
+            boi_token_index=101,
+            eoi_token_index=102,
+        )
+    )
+    config.text_config._attn_implementation = config.vision_config._attn_implementation = "eager"
+    model = Gemma3ForConditionalGeneration(config)
+    prompt = [2, 101] + [100] * image_tokens + [102] + list(range(10, 10 + text))
+    input_ids = torch.tensor([prompt])
+    token_type_ids = (input_ids == 100).long()
+    return VisionLanguage(model), (input_ids, token_type_ids, torch.randn(1, 3, image, image))
+
+
+class SpeechToText(nn.Module):
+    """An encoder-decoder speech model's forward: log-mel features and decoder token ids -> logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features, decoder_input_ids):
+        return self.model(
+            input_features=input_features, decoder_input_ids=decoder_input_ids, use_cache=False
+        ).logits
+
+
+@_needs_transformers
+def whisper(mels: int = 16, frames: int = 64, hidden: int = 64, layers: int = 2, vocab: int = 128):
+    """Whisper speech encoder-decoder (conv front end, encoder, cross-attending decoder); returns the logits."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = _eager_attention(
+        WhisperConfig(
+            vocab_size=vocab,
+            num_mel_bins=mels,
+            d_model=hidden,
+            encoder_layers=layers,
+            decoder_layers=layers,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=2 * hidden,
+            decoder_ffn_dim=2 * hidden,
+            max_source_positions=frames // 2,
+            max_target_positions=32,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+        )
+    )
+    model = WhisperForConditionalGeneration(config)
+    return SpeechToText(model), (torch.randn(1, mels, frames), torch.tensor([[1, 5, 9, 13]]))
+
+
+SUITE: dict[str, Callable] = {
+    "llama_static_cache": llama_static_cache,
+    "gemma": gemma,
+    "siglip": siglip,
+    "smolvlm_vision_uint8": smolvlm_vision_uint8,
+    "gpt2": gpt2,
+    "gemma3_vlm": gemma3_vlm,
+    "whisper": whisper,
+}
