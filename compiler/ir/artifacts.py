@@ -68,6 +68,7 @@ class AtenProgram(_ExportedArtifact):
         inv.constants_not_written,
         inv.constants_listed_once,
         inv.constants_own_their_bytes,
+        inv.constants_row_major,
     )
 
 
@@ -118,6 +119,7 @@ class EdgeProgram(_ExportedArtifact):
         inv.edge_ops_only,
         inv.constants_listed_once,
         inv.constants_own_their_bytes,
+        inv.constants_row_major,
     )
 
 
@@ -136,6 +138,7 @@ class PartitionedProgram(_ExportedArtifact):
         inv.edge_ops_only,
         inv.constants_listed_once,
         inv.constants_own_their_bytes,
+        inv.constants_row_major,
         inv.mutable_buffers_not_split,
         inv.delegate_inputs_have_supported_dtypes,
         inv.cpu_ops_have_kernels,

@@ -143,6 +143,11 @@ def owns_its_bytes(tensor: torch.Tensor) -> bool:
     return tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
 
 
+def row_major(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` has the strides of a contiguous tensor of its shape (size-1 dims too)."""
+    return tensor.stride() == torch._prims_common.make_contiguous_strides_for(tensor.shape)
+
+
 def plain_tensor(value: Any) -> bool:
     """Tensors whose bytes are their storage (not quantized wrappers or script objects)."""
     return type(value) in (torch.Tensor, torch.nn.Parameter)
@@ -167,6 +172,25 @@ def constants_own_their_bytes(artifact) -> Violation | None:
     if bad:
         return Violation(
             "constants are views into a larger storage; a delegate would serialize the wrong bytes",
+            tuple(bad),
+        )
+    return None
+
+
+@invariant(
+    "a stage stored a constant in another layout: store `value.clone(memory_format=torch.contiguous_format)` "
+    "(capture does this for the model's constants, fold for the constants it makes)"
+)
+def constants_row_major(artifact) -> Violation | None:
+    ep = artifact.program
+    bad = []
+    for spec in ep.graph_signature.input_specs:
+        value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+        if spec.kind in CONSTANT_INPUT_KINDS and plain_tensor(value) and not row_major(value):
+            bad.append(f"{spec.target} (shape {tuple(value.shape)}, strides {value.stride()})")
+    if bad:
+        return Violation(
+            "constants are not stored row-major; ExecuTorch reads a dim order from the strides and refuses most",
             tuple(bad),
         )
     return None

@@ -7,8 +7,13 @@ submodules that no backend takes.
 The model's own parameters and buffers that are views into a larger storage
 (`register_buffer("low", table[:8])`) get their own storage here: delegates
 serialize a constant's storage from its start (XNNPACK then reads `table[0:8]`
-for `high = table[8:]`: silently wrong). From capture on, every program's
-constants own their bytes, an invariant each artifact type checks.
+for `high = table[8:]`: silently wrong). Constants stored in another layout
+(`torch.randn(1, 4, 16).transpose(0, 1)`, a channels-last weight) get row-major
+strides: ExecuTorch derives a dim order from the strides and supports only a few
+(a (4, 1, 16) tensor with strides (16, 64, 1) has dim order [1, 0, 2]; stock's
+XNNPACK and portable programs then fail at run time with error 0x10). From capture
+on, every program's constants own their bytes in row-major order, invariants each
+artifact type checks; fold stores the constants it makes the same way.
 
 Every mutated buffer's new value is given a node of its own here. Two buffers
 given the same value (`self.a.copy_(x); self.b.copy_(x)`, or `self.b.copy_(self.a)`
@@ -60,30 +65,35 @@ from torch.utils import _pytree as pytree
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
-from compiler.ir.invariants import owns_its_bytes, plain_tensor
+from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
 
 
-def own_model_views(ep: ExportedProgram) -> list[str]:
-    """Give each of the model's constants that is a view its own storage; returns their
-    targets. The entries are replaced, so the user's module keeps its tensors, and the
-    layout stays (a transposed parameter is all of its storage)."""
-    owned = []
+def own_model_constants(ep: ExportedProgram) -> tuple[list[str], list[str]]:
+    """Give each of the model's constants that is a view its own storage, and each stored in
+    another layout row-major strides; returns the targets of both. The entries are replaced,
+    so the user's module keeps its tensors."""
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    views, restrided = [], []
     for spec in ep.graph_signature.input_specs:
         store = ep.state_dict if spec.target in ep.state_dict else ep.constants
         value = store.get(spec.target)
-        if not plain_tensor(value) or owns_its_bytes(value):
+        if not plain_tensor(value) or (owns_its_bytes(value) and row_major(value)):
             continue
-        copy = value.detach().clone()
+        (views if not owns_its_bytes(value) else restrided).append(spec.target)
+        copy = value.detach().clone(memory_format=torch.contiguous_format)
         if isinstance(value, torch.nn.Parameter):
             copy = torch.nn.Parameter(copy, requires_grad=value.requires_grad)
         store[spec.target] = copy
-        owned.append(spec.target)
-    if owned:
-        logger.info("capture: %d model constants were views; each now owns its storage", len(owned))
-    return owned
+        node = placeholders[spec.arg.name]
+        fake = node.meta["val"]
+        with torch._guards.detect_fake_mode([fake]):
+            node.meta["val"] = fake.clone(memory_format=torch.contiguous_format)
+    if views or restrided:
+        logger.info("capture: model constants given their own row-major storage: %s", views + restrided)
+    return views, restrided
 
 
 def _same_tensor_key(value: torch.Tensor) -> tuple:
@@ -271,7 +281,9 @@ class Capture(Stage):
             with torch.no_grad():
                 program = program.run_decompositions({})
             ctx.metrics["vmap_inlined"] = True
-        owned = own_model_views(program)
-        if owned:
-            ctx.metrics["views_owned"] = len(owned)
+        views, restrided = own_model_constants(program)
+        if views:
+            ctx.metrics["views_owned"] = len(views)
+        if restrided:
+            ctx.metrics["constants_made_row_major"] = len(restrided)
         return AtenProgram(program)

@@ -44,7 +44,7 @@ from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import METADATA_WRITES, copy_program, mutated_buffer_targets
-from compiler.ir.invariants import owns_its_bytes, plain_tensor
+from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -104,15 +104,14 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
 
 
 def _stored_constant(value: torch.Tensor, taken: set[int]) -> torch.Tensor:
-    """`value` as a folded constant may be stored: its own contiguous bytes, not a view into
-    (or an alias of) another constant's storage, no zero strides (ExecuTorch cannot hold them)."""
+    """`value` as a folded constant may be stored: its own row-major bytes (strides ExecuTorch
+    reads a dim order from), not a view into (or an alias of) another constant's storage."""
     value = value.detach()
     if not plain_tensor(value):  # a tensor subclass (quantized weights) flattens into its own tensors
         return value.contiguous()
     if (
-        value.is_contiguous()
+        row_major(value)
         and owns_its_bytes(value)
-        and 0 not in value.stride()
         and _storage_key(value) not in taken
     ):
         return value

@@ -310,3 +310,12 @@ def test_a_vmap_region_is_refused_by_name():
         inv.no_transform_regions.verify(AtenProgram(exported), stage="capture")
     captured = compiler.compile(VmapOuter(), (torch.randn(3, 4),), stop_after="capture")
     inv.no_transform_regions.verify(captured, stage="capture")
+
+
+def test_a_constant_stored_in_another_layout_is_refused_by_name():
+    artifact = edge_program()
+    _with_constant(artifact, "table", torch.arange(6.0).reshape(3, 2).t())  # all its storage, column-major
+    inv.constants_own_their_bytes.verify(artifact, "decompose")
+    with pytest.raises(VerificationError, match="constants_row_major") as err:
+        inv.constants_row_major.verify(artifact, "decompose")
+    assert "strides (1, 2)" in str(err.value)

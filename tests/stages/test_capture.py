@@ -49,11 +49,44 @@ def test_model_views_get_their_own_storage_and_the_module_keeps_its_tensors():
     assert not _owns_its_bytes(model.high)  # the user's module is left as it was
 
 
-def test_a_transposed_parameter_is_not_a_view():
+def test_a_transposed_parameter_is_not_a_view_and_is_stored_row_major():
     model = TransposedParameter()
     program, metrics = _capture(model, (torch.randn(4, 16),))
-    assert "views_owned" not in metrics
-    assert program.state_dict["w"] is model.w
+    assert "views_owned" not in metrics and metrics["constants_made_row_major"] == 1
+    assert program.state_dict["w"].stride() == (8, 1)
+    torch.testing.assert_close(program.state_dict["w"], model.w)
+    assert model.w.stride() == (1, 16)  # the user's module is left as it was
+
+
+class AmbiguousLayouts(torch.nn.Module):
+    """Constants contiguous in memory whose strides name another dim order (size-1 dims), the
+    first also a bmm's first operand, as SigLIP's attention-pooling probe is once folded."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Parameter(torch.randn(1, 4, 16).transpose(0, 1))  # (4, 1, 16), strides (16, 64, 1)
+        self.register_buffer("b", torch.randn(1, 8, 3).transpose(0, 1))
+        self.p = torch.nn.Parameter(torch.randn(1, 64))
+
+    def forward(self, k):
+        probe = (self.p * 0.25).view(1, 4, 16).transpose(0, 1)  # folded into the same layout
+        return torch.bmm(self.q, k.transpose(1, 2)), k[:1, :, :3] + self.b, torch.bmm(probe, k.transpose(1, 2))
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
+def test_constants_in_an_ambiguous_layout_are_stored_row_major_and_match_eager(backend):
+    """Stock fails at run time (0x12 "3 input tensors have different dim orders": ExecuTorch reads dim order [1, 0, 2] from the strides)."""
+    import compiler
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model, args = AmbiguousLayouts(), (torch.randn(4, 8, 16),)
+    stock = to_edge_transform_and_lower(torch.export.export(model, args)).to_executorch().buffer
+    with pytest.raises(RuntimeError, match="failed with error 0x1[02]"):
+        Runtime.get().load_program(stock).load_method("forward").execute(list(args))
+    artifact = compiler.compile(model, args, backend)
+    for got, want in zip(compiler.run(artifact, args), model(*args)):
+        torch.testing.assert_close(got, want)
 
 
 class SharedNewValue(torch.nn.Module):
