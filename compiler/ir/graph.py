@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 import torch._functorch.predispatch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, InputSpec
+from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
 from executorch.exir.delegate import executorch_call_delegate
 
@@ -47,6 +47,24 @@ def writes_argument(node: torch.fx.Node, target: torch.fx.Node) -> bool:
     arguments = node.target._schema.arguments
     given = list(zip(arguments, node.args)) + [(a, node.kwargs.get(a.name)) for a in arguments[len(node.args) :]]
     return any(value is target and a.alias_info is not None and a.alias_info.is_write for a, value in given)
+
+
+def lift_constant(ep: ExportedProgram, name: str, value: torch.Tensor, fake_mode) -> torch.fx.Node:
+    """A new lifted constant `name` holding `value`: its placeholder (before the user inputs,
+    where the signature lists constants), its signature entry and its data."""
+    specs = ep.graph_signature.input_specs
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    index = next((i for i, spec in enumerate(specs) if spec.kind == InputKind.USER_INPUT), len(specs))
+    if index < len(specs):
+        before = next(n for n in placeholders if n.name == specs[index].arg.name)
+    else:
+        before = placeholders[-1].next if placeholders else next(iter(ep.graph.nodes))
+    ep.constants[name] = value
+    with ep.graph.inserting_before(before):
+        node = ep.graph.placeholder(name)
+    node.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)
+    specs.insert(index, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), name, True))
+    return node
 
 
 def call_nodes(ep: ExportedProgram) -> Iterator[torch.fx.Node]:

@@ -31,7 +31,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+from torch.export.graph_signature import InputKind, TensorArgument
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
@@ -43,7 +43,7 @@ from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
-from compiler.ir.graph import METADATA_WRITES, copy_program, mutated_buffer_targets
+from compiler.ir.graph import METADATA_WRITES, copy_program, lift_constant, mutated_buffer_targets
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.stages.base import Stage, StageContext
 
@@ -237,29 +237,13 @@ class _Constants:
             _storage_key(v) for v in list(ep.state_dict.values()) + list(ep.constants.values()) if plain_tensor(v)
         } - {None}
 
-    def _insert_point(self) -> tuple[torch.fx.Node | None, int]:
-        specs = self.ep.graph_signature.input_specs
-        for index, spec in enumerate(specs):
-            if spec.kind == InputKind.USER_INPUT:
-                node = next(n for n in self.ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
-                return node, index
-        placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
-        return (placeholders[-1].next if placeholders else next(iter(self.ep.graph.nodes))), len(specs)
-
     def add(self, value: torch.Tensor, like: torch.fx.Node | None = None) -> torch.fx.Node:
         name = self._fresh_name()
         value = _stored_constant(value, self.storages)
         self.storages |= {_storage_key(value)} - {None}
-        self.ep.constants[name] = value
-        before, index = self._insert_point()
-        with self.ep.graph.inserting_before(before):
-            node = self.ep.graph.placeholder(name)
+        node = lift_constant(self.ep, name, value, self.fake_mode)
         if like is not None:
             node.meta.update({k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack")})
-        node.meta["val"] = self.fake_mode.from_tensor(value, static_shapes=True)
-        self.ep.graph_signature.input_specs.insert(
-            index, InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(node.name), name, True)
-        )
         self.created += 1
         self.bytes_added += _nbytes(value)
         return node

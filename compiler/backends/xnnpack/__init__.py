@@ -65,6 +65,7 @@ class XnnpackBackend(Backend):
 
     def partition(self, program: ExportedProgram) -> BackendPartition:
         dequantized_here = rules.dequantize_with_plain_ops(program)  # stock would drop their scales
+        rules.tanh_gelu_as_plain_ops(program)  # stock would compute the exact GELU
         with _collect_refusals() as collector:
             result = self.partitioner.partition(program)
         copies = rules.copies_leaving_the_delegate(program)
