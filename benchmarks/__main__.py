@@ -9,8 +9,9 @@ batch 1) it compiles for Core ML twice, alternating: stock
 prints wall time per stage, total, peak RSS growth, and the ratios ours/stock.
 It also times the dry run alone: skipped (the plain float stack) and running
 (the same stack fed a uint8 frame, with one bfloat16 block) as a fraction of
-the whole compile. Ratios, not absolute times, are what to compare: the
-machines are noisy.
+the whole compile. With the models extra installed it also compiles the model
+suite's 48-layer GPT-2 (`n_embd=128`) both ways. Ratios, not absolute times, are
+what to compare: the machines are noisy.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ def stack(depth: int):
 def frame_stack(depth: int):
     torch.manual_seed(0)
     return FrameStack(depth).eval(), (torch.randint(0, 255, (1, SEQ, DIM), dtype=torch.uint8),)
+
+
+def gpt2(layers: int):
+    """The model suite's GPT-2, or None without the models extra."""
+    try:
+        from compiler.model_suite import gpt2 as build
+        import transformers  # noqa: F401
+    except ImportError:
+        return None
+    return build(layers=layers)
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -168,6 +179,13 @@ def main() -> None:
         }
         print(f"depth {depth}: stock {stock['total']:.2f} s, ours {ours['total']:.2f} s", flush=True)
 
+    gpt2_layers = 4 if args.quick else 48
+    made = gpt2(gpt2_layers)
+    if made is not None:
+        stock, ours = stock_compile(*made), our_compile(*made)
+        results["gpt2"] = {"layers": gpt2_layers, "stock": stock, "ours": ours, "ratio_total": ours["total"] / stock["total"]}
+        print(f"gpt2 ({gpt2_layers} layers): stock {stock['total']:.2f} s, ours {ours['total']:.2f} s", flush=True)
+
     first, last = min(depths), max(depths)
     if last != first:
         results["scaling_ours"] = results["depths"][last]["ours"]["total"] / results["depths"][first]["ours"]["total"]
@@ -195,6 +213,10 @@ def main() -> None:
         stock_stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stock"]["stages"].items())
         our_stages = ", ".join(f"{k} {v:.2f}" for k, v in r["ours"]["stages"].items())
         print(f"\ndepth {depth} stock: {stock_stages}\ndepth {depth} ours:  {our_stages}")
+    if "gpt2" in results:
+        r = results["gpt2"]
+        print(f"\nGPT-2, {r['layers']} layers, n_embd=128: stock {r['stock']['total']:.2f} s, ours "
+              f"{r['ours']['total']:.2f} s, ours/stock {r['ratio_total']:.2f}")
     if "scaling_ours" in results:
         print(f"\nt({last})/t({first}): ours {results['scaling_ours']:.2f}, stock {results['scaling_stock']:.2f}")
     if args.json:

@@ -25,11 +25,14 @@ def small_model():
     return AddMul().eval(), (torch.randn(2, 8),)
 
 
+ON_REQUEST = ("slow", "models")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow run only when a -m expression asks for them (`-m slow`)."""
+    """Tests marked slow or models run only when a -m expression asks for them (`-m slow`, `-m models`)."""
     if config.getoption("markexpr"):
         return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    held = [item for item in items if any(item.get_closest_marker(m) for m in ON_REQUEST)]
+    if held:
+        config.hook.pytest_deselected(items=held)
+        items[:] = [item for item in items if item not in held]

@@ -1,0 +1,133 @@
+"""The transformers model suite on every backend: the README's table, generated.
+
+    python -m benchmarks.model_suite [--readme README.md] [--json benchmarks/results/model_suite.json]
+
+For each model of `compiler.model_suite` (tiny, random weights, from configs) and each
+backend it compiles, runs the program where it runs here (portable, XNNPACK, MLX through
+the reference runner; the Llama decoder for two steps, so its KV cache matters), and
+records: compiled or the error, the largest difference from eager, the fraction of ops
+delegated, and the compile time. With `--readme` the table between the
+`model-suite-table` markers is replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+logging.getLogger("torchao").setLevel(logging.ERROR)
+
+import torch  # noqa: E402
+
+import compiler  # noqa: E402
+from compiler import model_suite  # noqa: E402
+
+BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
+RUNS_HERE = {"portable", "xnnpack", "mlx"}
+BEGIN, END = "<!-- model-suite-table:begin -->", "<!-- model-suite-table:end -->"
+
+
+def _max_error(got, want) -> float:
+    want = want if isinstance(want, tuple) else (want,)
+    return max((g.double() - w.double()).abs().max().item() for g, w in zip(got, want))
+
+
+def _eager_and_program(name: str, artifact) -> float:
+    """Largest |program - eager| over the model's checked calls (two decoding steps for the Llama)."""
+    if name == "llama_static_cache":
+        eager, _ = model_suite.llama_static_cache()
+        calls = [model_suite.decode_inputs(step) for step in range(2)]
+    else:
+        eager, inputs = model_suite.SUITE[name]()
+        calls = [inputs]
+    loaded = compiler.LoadedProgram(artifact)
+    error = 0.0
+    for inputs in calls:
+        with torch.no_grad():
+            want = eager(*inputs)
+        error = max(error, _max_error(loaded(inputs), want))
+    return error
+
+
+def measure(name: str, backend: str) -> dict:
+    module, inputs = model_suite.SUITE[name]()
+    start = time.perf_counter()
+    try:
+        artifact = compiler.compile(module, inputs, backend)
+    except Exception as exc:
+        return {"compiled": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+    seconds = time.perf_counter() - start
+    plan = artifact.program.plan
+    result = {
+        "compiled": True,
+        "compile_s": seconds,
+        "delegated": len(plan.delegated_nodes) / max(len(plan.nodes), 1),
+        "delegates": len(artifact.program.delegates),
+        "ops": len(plan.nodes),
+    }
+    if backend in RUNS_HERE:
+        result["max_abs_error"] = _eager_and_program(name, artifact)
+    return result
+
+
+def _cell(result: dict) -> str:
+    if not result["compiled"]:
+        return f"fails: {result['error'][:60]}"
+    check = f"{result['max_abs_error']:.1e}" if "max_abs_error" in result else "not run here"
+    return f"yes / {check} / {result['delegated']:.0%} / {result['compile_s']:.1f} s"
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| model | " + " | ".join(BACKENDS) + " |",
+        "|---" * (len(BACKENDS) + 1) + "|",
+    ]
+    for name, row in results.items():
+        lines.append(f"| `{name}` | " + " | ".join(_cell(row[b]) for b in BACKENDS) + " |")
+    return "\n".join(lines)
+
+
+def write_readme(path: str, text: str) -> None:
+    with open(path) as f:
+        readme = f.read()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(readme):
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
+    with open(path, "w") as f:
+        f.write(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", readme))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(model_suite.SUITE), default=list(model_suite.SUITE))
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--readme", help="replace the table between the model-suite-table markers of this file")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    logging.getLogger().setLevel(logging.ERROR)
+
+    results = {}
+    for name in args.models:
+        results[name] = {}
+        for backend in args.backends:
+            results[name][backend] = measure(name, backend)
+            print(f"{name} {backend}: {_cell(results[name][backend])}", flush=True)
+    print()
+    text = table(results) if args.backends == list(BACKENDS) else json.dumps(results, indent=2)
+    print(text)
+    if args.readme:
+        write_readme(args.readme, text)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
