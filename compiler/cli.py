@@ -178,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("compiler").setLevel(logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     if args.command == "examples":
+        width = max(map(len, EXAMPLES))
         for name in EXAMPLES:
-            print(f"{name:15} {describe(name)}")
+            print(f"{name:{width}}  {describe(name)}")
         return 0
     try:
         return _fuzz(args) if args.command == "fuzz" else _compile(args)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from compiler import model_suite
 from compiler.ir.errors import UserInputError
 
 
@@ -134,6 +135,7 @@ EXAMPLES: dict[str, Callable] = {
     "convnet": convnet,
     "transformer": transformer,
     "shared_buffer": shared_buffer,
+    **model_suite.SUITE,  # need the models extra (transformers)
 }
 
 

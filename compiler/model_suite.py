@@ -39,10 +39,17 @@ def _needs_transformers(builder: Callable) -> Callable:
     return build
 
 
-def _eager_attention(config):
-    # One attention path on every backend: transformers' eager attention is plain matmuls and
-    # softmax, which every delegate takes, and its mask comes from the masking utilities.
-    config._attn_implementation = "eager"
+def _attention(config, implementation: str):
+    """transformers' attention: "sdpa" (its default, what users get) or "eager" (plain matmuls
+    and softmax); either way the mask comes from its masking utilities."""
+    if implementation not in ("sdpa", "eager"):
+        raise UserInputError(
+            f"attention={implementation!r} is not one of sdpa, eager", hint="attention=sdpa or attention=eager"
+        )
+    config._attn_implementation = implementation
+    for sub in ("text_config", "vision_config"):
+        if getattr(config, sub, None) is not None:
+            getattr(config, sub)._attn_implementation = implementation
     return config
 
 
@@ -74,12 +81,12 @@ class DecoderStep(nn.Module):
 
 
 @_needs_transformers
-def llama_static_cache(layers: int = 2, hidden: int = 64, max_cache_len: int = 16, vocab: int = 128):
+def llama_static_cache(layers: int = 2, hidden: int = 64, max_cache_len: int = 16, vocab: int = 128, attention: str = "sdpa"):
     """Llama decoder step with a static KV cache (TorchExportableModuleForDecoderOnlyLM); inputs: token ids, cache position."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    config = _eager_attention(
+    config = _attention(
         LlamaConfig(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -88,7 +95,8 @@ def llama_static_cache(layers: int = 2, hidden: int = 64, max_cache_len: int = 1
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=4 * max_cache_len,
-        )
+        ),
+        attention,
     )
     model = LlamaForCausalLM(config).eval()
     model.generation_config = GenerationConfig(
@@ -106,11 +114,11 @@ def decode_inputs(step: int, vocab: int = 128) -> tuple[torch.Tensor, torch.Tens
 
 
 @_needs_transformers
-def gemma(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128):
+def gemma(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "sdpa"):
     """Gemma causal LM with hidden_activation="gelu_pytorch_tanh"; returns the logits."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    config = _eager_attention(
+    config = _attention(
         GemmaConfig(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -121,15 +129,16 @@ def gemma(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128):
             head_dim=16,
             hidden_activation="gelu_pytorch_tanh",
             max_position_embeddings=64,
-        )
+        ),
+        attention,
     )
     return Logits(GemmaForCausalLM(config)), (torch.randint(0, vocab, (1, seq)),)
 
 
-def _siglip_vision_config(image: int, patch: int, hidden: int, layers: int):
+def _siglip_vision_config(image: int, patch: int, hidden: int, layers: int, attention: str):
     from transformers import SiglipVisionConfig
 
-    return _eager_attention(
+    return _attention(
         SiglipVisionConfig(
             image_size=image,
             patch_size=patch,
@@ -137,7 +146,8 @@ def _siglip_vision_config(image: int, patch: int, hidden: int, layers: int):
             intermediate_size=2 * hidden,
             num_hidden_layers=layers,
             num_attention_heads=4,
-        )
+        ),
+        attention,
     )
 
 
@@ -155,11 +165,11 @@ class Tensors(nn.Module):
 
 
 @_needs_transformers
-def siglip(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2):
+def siglip(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, attention: str = "sdpa"):
     """SigLIP vision encoder; returns the patch embeddings and the pooled embedding."""
     from transformers import SiglipVisionModel
 
-    model = SiglipVisionModel(_siglip_vision_config(image, patch, hidden, layers))
+    model = SiglipVisionModel(_siglip_vision_config(image, patch, hidden, layers, attention))
     return Tensors(model, "last_hidden_state", "pooler_output"), (torch.randn(1, 3, image, image),)
 
 
@@ -177,12 +187,12 @@ class CameraFrame(nn.Module):
 
 
 @_needs_transformers
-def smolvlm_vision_uint8(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2):
+def smolvlm_vision_uint8(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, attention: str = "sdpa"):
     """SmolVLM (Idefics3) vision transformer behind a uint8 HWC camera-frame wrapper."""
     from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
     from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
 
-    config = _eager_attention(
+    config = _attention(
         Idefics3VisionConfig(
             image_size=image,
             patch_size=patch,
@@ -190,19 +200,20 @@ def smolvlm_vision_uint8(image: int = 32, patch: int = 8, hidden: int = 64, laye
             intermediate_size=2 * hidden,
             num_hidden_layers=layers,
             num_attention_heads=4,
-        )
+        ),
+        attention,
     )
     frame = torch.randint(0, 256, (image, image, 3), dtype=torch.uint8)
     return CameraFrame(Idefics3VisionTransformer(config)), (frame,)
 
 
 @_needs_transformers
-def gpt2(layers: int = 48, embd: int = 128, seq: int = 16, vocab: int = 256):
+def gpt2(layers: int = 48, embd: int = 128, seq: int = 16, vocab: int = 256, attention: str = "sdpa"):
     """GPT-2 causal LM (48 layers, n_embd=128 by default); returns the logits."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = _eager_attention(
-        GPT2Config(vocab_size=vocab, n_positions=64, n_embd=embd, n_layer=layers, n_head=4)
+    config = _attention(
+        GPT2Config(vocab_size=vocab, n_positions=64, n_embd=embd, n_layer=layers, n_head=4), attention
     )
     return Logits(GPT2LMHeadModel(config)), (torch.randint(0, vocab, (1, seq)),)
 
@@ -221,11 +232,11 @@ class VisionLanguage(nn.Module):
 
 
 @_needs_transformers
-def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, text: int = 6):
+def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, text: int = 6, attention: str = "sdpa"):
     """Gemma 3 vision-language model (SigLIP tower, pooled projector, image-token merge, bidirectional image mask built with vmap)."""
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig
 
-    vision = _siglip_vision_config(image, patch, hidden, 1)
+    vision = _siglip_vision_config(image, patch, hidden, 1, attention)
     text_config = Gemma3TextConfig(
         vocab_size=128,
         hidden_size=hidden,
@@ -239,7 +250,7 @@ def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 
         max_position_embeddings=64,
     )
     image_tokens = 4
-    config = _eager_attention(
+    config = _attention(
         Gemma3Config(
             text_config=text_config,
             vision_config=vision,
@@ -247,9 +258,9 @@ def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 
             image_token_index=100,
             boi_token_index=101,
             eoi_token_index=102,
-        )
+        ),
+        attention,
     )
-    config.text_config._attn_implementation = config.vision_config._attn_implementation = "eager"
     model = Gemma3ForConditionalGeneration(config)
     prompt = [2, 101] + [100] * image_tokens + [102] + list(range(10, 10 + text))
     input_ids = torch.tensor([prompt])
@@ -271,11 +282,11 @@ class SpeechToText(nn.Module):
 
 
 @_needs_transformers
-def whisper(mels: int = 16, frames: int = 64, hidden: int = 64, layers: int = 2, vocab: int = 128):
+def whisper(mels: int = 16, frames: int = 64, hidden: int = 64, layers: int = 2, vocab: int = 128, attention: str = "sdpa"):
     """Whisper speech encoder-decoder (conv front end, encoder, cross-attending decoder); returns the logits."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    config = _eager_attention(
+    config = _attention(
         WhisperConfig(
             vocab_size=vocab,
             num_mel_bins=mels,
@@ -292,7 +303,8 @@ def whisper(mels: int = 16, frames: int = 64, hidden: int = 64, layers: int = 2,
             bos_token_id=1,
             eos_token_id=2,
             decoder_start_token_id=1,
-        )
+        ),
+        attention,
     )
     model = WhisperForConditionalGeneration(config)
     return SpeechToText(model), (torch.randn(1, mels, frames), torch.tensor([[1, 5, 9, 13]]))

@@ -45,7 +45,12 @@ functorch's nesting markers whose values are batched tensors. Nothing after capt
 hold one: folding it, or a backend's support check reading its fake value, fails with
 "your tensor may have escaped from inside a function being vmapped". When the graph has
 such a region, capture retraces the program once with no decompositions, which applies
-vmap's batching rules and leaves plain ATen ops.
+vmap's batching rules and leaves plain ATen ops. That retrace also turns every `reshape`
+into a `view` where the traced strides allow one, and those are a kernel's strides (SDPA
+on the CPU keeps its inputs' heads-last layout); a later decomposition of that kernel
+lays its output out another way ("Cannot view a tensor with shape [1, 16, 4, 16] and
+strides ..."), so the views it made become reshapes again (the same where a view is
+valid, a program without mutations has no alias to keep).
 
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
@@ -137,6 +142,17 @@ def mutated_constants_as_buffers(ep: ExportedProgram) -> list[str]:
 
 def has_transform_regions(ep: ExportedProgram) -> bool:
     return any(n.op == "call_function" and n.target in TRANSFORM_MARKERS for n in ep.graph.nodes)
+
+
+def inline_transform_regions(ep: ExportedProgram) -> ExportedProgram:
+    """Retrace `ep` with no decompositions (vmap's batching rules run); views become reshapes."""
+    with torch.no_grad():
+        retraced = ep.run_decompositions({})
+    for node in retraced.graph.nodes:
+        if node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    retraced.graph_module.recompile()
+    return retraced
 
 
 def _shared_value(source: torch.fx.Node, copies: set[torch.fx.Node]) -> bool:
@@ -278,8 +294,7 @@ class Capture(Stage):
         if distinct_mutated_values(program):
             ctx.metrics["mutation_sources_cloned"] = True
         if has_transform_regions(program):
-            with torch.no_grad():
-                program = program.run_decompositions({})
+            program = inline_transform_regions(program)
             ctx.metrics["vmap_inlined"] = True
         views, restrided = own_model_constants(program)
         if views:
