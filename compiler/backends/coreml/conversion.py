@@ -13,6 +13,10 @@ coremltools in the process.
   (stock: "got 3 input(s), expected [4]");
 - `gelu(approximate="tanh")` reads `approximate` from the keyword arguments
   (stock silently converts the exact gelu);
+- a max pool without a stride gets its kernel size, torch's default (stock: "got 2
+  input(s), expected minimum 3");
+- `where` of three 0-d tensors converts to Core ML's select as it is (stock: "Concat
+  concat_0 got 0 values" from the broadcast coremltools builds first);
 - an op that coremltools converts to its own input (clone, alias, a same-dtype
   copy...) gets a real identity, so an output never repeats an input or another
   output in the payload (stock returns the input tensor itself as an output).
@@ -31,6 +35,7 @@ import torch
 import executorch.backends.apple.coreml.compiler  # noqa: F401
 from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+from coremltools.converters.mil.frontend.torch.ops import promote_input_dtypes
 from coremltools.converters.mil.mil import types
 
 Converter = Callable[..., None]
@@ -126,6 +131,48 @@ def _gelu_keyword_approximate(original: Converter) -> Converter:
     return convert
 
 
+# --- max pools without a stride ----------------------------------------------------
+
+_MAX_POOLS = tuple(f"max_pool{n}d{suffix}" for n in (1, 2, 3) for suffix in ("", "_with_indices"))
+
+
+def _max_pool_default_stride(original: Converter) -> Converter:
+    """A max pool whose stride is left out (torch's default: the kernel size, as export
+    records `F.max_pool1d(x, 2)` and decompositions make `max_pool2d_with_indices(x, k)`)
+    gets the kernel size as its stride (stock: "got 2 input(s), expected minimum 3")."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        if len(node.inputs) == 2:
+            node.inputs = (*node.inputs, node.inputs[1])
+        original(context, node)
+
+    return convert
+
+
+# --- where of 0-d tensors ----------------------------------------------------------
+
+
+def _where_of_scalars(original: Converter) -> Converter:
+    """coremltools broadcasts `where`'s operands to a shape it builds by concatenating
+    their dims: of three 0-d tensors there are none ("Concat concat_0 got 0 values", stock
+    too; the median of all elements, decomposed, ends in one). Core ML's select takes 0-d
+    operands as they are."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        operands = [_context_var(context, name) for name in node.inputs]
+        if len(operands) != 3 or any(v is None or v.shape != () for v in operands):
+            return original(context, node)
+        cond, a, b = operands
+        a, b = promote_input_dtypes([a, b])
+        if not types.is_bool(cond.dtype):
+            cond = mb.cast(x=cond, dtype="bool")
+        context.add(mb.select(cond=cond, a=a, b=b, name=node.name))
+
+    return convert
+
+
 # --- outputs that alias inputs ------------------------------------------------------
 
 
@@ -152,6 +199,11 @@ def _fixes() -> dict[str, Callable[[Converter], Converter]]:
             fixes[name] = lambda f, i=index: _never_alias(_fill_with_torch_dtype(f, i))
     fixes["rms_norm"] = _rms_norm_default_eps
     fixes["gelu"] = _gelu_keyword_approximate
+    for name in _MAX_POOLS:
+        if name in registry:
+            fixes[name] = lambda f: _never_alias(_max_pool_default_stride(f))
+    for name in ("where", "where.self"):
+        fixes[name] = lambda f: _never_alias(_where_of_scalars(f))
     return fixes
 
 

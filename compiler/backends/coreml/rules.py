@@ -240,6 +240,26 @@ def bool_data_core_ml_refuses(node, ctx) -> Optional[str]:
     return None
 
 
+# Pools coremltools converts to a Core ML pool that gives the values only, not the indices.
+_POOLS_WITH_INDICES = (
+    torch.ops.aten.max_pool1d_with_indices, torch.ops.aten.max_pool2d_with_indices,
+    torch.ops.aten.max_pool3d_with_indices, torch.ops.aten.adaptive_max_pool1d,
+    torch.ops.aten.adaptive_max_pool2d,
+)
+
+
+@node_rule()
+def pool_indices_used(node, ctx) -> Optional[str]:
+    if not _is(node, *_POOLS_WITH_INDICES):
+        return None
+    if any(user.target is operator.getitem and user.args[1] == 1 and user.users for user in node.users):
+        return (
+            f"{op_name(node.target)} whose indices are used: coremltools converts it to a pool that "
+            "gives the values only (stock: 'coremltools lowering does not handle/bind value at index 1')"
+        )
+    return None
+
+
 # How stock 1.5.1 fails on each index_put form; a form without a text builds on stock, but
 # coremltools converts it wrongly.
 _STOCK_BOOL_NEXT_TO_SLICE = "the named input `y` must have the same data type as the named input `x`"

@@ -128,3 +128,32 @@ def test_multihead_attention_with_bool_mask_fills_the_mask_as_float():
     (fill,) = ours.ops_of_type("select")  # the mask fill, computed as float
     assert list(fill.outputs.values()) == ["float16"]
     assert "softmax" in ours.op_types()
+
+
+class WhereOfScalars(nn.Module):
+    def forward(self, x):
+        return torch.where(x.sum() > 0, x.amax(), x.amin()) * 2
+
+
+def test_where_of_zero_dim_tensors_converts_to_select():
+    model, inputs = WhereOfScalars(), (torch.randn(2, 3),)
+    assert "Concat concat_0 got 0 values" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert not cpu_ops(artifact)
+    (ours,) = models(artifact)
+    assert ours.ops_of_type("select")
+
+
+class MaxPool1d(nn.Module):
+    def forward(self, x):
+        return F.max_pool1d(x, 2) * 2, F.max_pool1d(x, 3, return_indices=True)[0]
+
+
+def test_a_max_pool_without_stride_gets_its_kernel_size():
+    model, inputs = MaxPool1d(), (torch.randn(1, 2, 9),)
+    assert "expected minimum 3 inputs" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert not cpu_ops(artifact)
+    (ours,) = models(artifact)
+    pools = ours.ops_of_type("max_pool")
+    assert sorted((op.constants["kernel_sizes"], op.constants["strides"]) for op in pools) == [(2, 2), (3, 3)]

@@ -291,3 +291,29 @@ def test_a_zero_dim_fill_runs_on_the_cpu():
     artifact = compile_coreml(model, inputs)
     assert any("0-d tensor" in reason for reason in cpu_reasons(artifact).values())
     assert delegated_ops(artifact)
+
+
+class PoolIndices(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x):
+        values, indices = self.pool(x)
+        return values * 2, indices
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [nn.MaxPool2d(2, return_indices=True), nn.AdaptiveMaxPool2d(3, return_indices=True)],
+    ids=["max_pool2d", "adaptive_max_pool2d"],
+)
+def test_a_pool_whose_indices_are_used_runs_on_the_cpu(pool):
+    model, inputs = PoolIndices(pool), (torch.randn(1, 2, 6, 6),)
+    if isinstance(pool, nn.MaxPool2d):  # stock refuses the adaptive one earlier (not core ATen)
+        assert "does not handle/bind value at index 1" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    # the adaptive pool is not kept whole: its decomposition is a max_pool2d_with_indices
+    assert list(cpu_ops(artifact).values()) == ["aten.max_pool2d_with_indices.default"]
+    assert all("whose indices are used" in reason for reason in cpu_reasons(artifact).values())
+    assert "aten.mul.Tensor" in delegated_ops(artifact)
