@@ -8,13 +8,20 @@ ExecuTorch's decomposition table lacks some ops that are not core ATen but that
 torch can decompose (`aten.bucketize.Tensor`, which SigLIP / Idefics3 vision
 embeddings use for their patch positions): left whole, the Edge verifier refuses
 them (`SpecViolationError: ... is not in Core ATen opset`) and no runtime has a
-kernel for them. The table gets torch's decomposition of those the program holds.
+kernel for them. The table gets torch's decomposition of every such op.
 And ExecuTorch's own decomposition of `empty_like` makes `aten.empty_permuted`, which
 is not core ATen and which no table decomposes (stock `to_edge` fails on a rotary
 embedding that fills `torch.empty_like(x)` by slices, as SmolVLA's expert does);
 it becomes `empty` in its physical order, permuted back. `aten.median` (all elements,
 and along a dim) is in no table and no runtime has a kernel for it: it becomes `topk`
 of the smaller half, its last element (NaN where the slice holds one, as torch gives).
+The tables cover the ops decompositions make too, not only those the program holds:
+ExecuTorch's `adaptive_max_pool1d` makes `adaptive_max_pool2d`, which torch decomposes
+only when the sizes divide (and into a 3-d max pool no runtime has a kernel for); ours
+takes every size, by `amax` over views or `index_select`ed bins, one dim at a time.
+`aten.round.decimals` is ours too: torch's is a prims reference that fails under export.
+A backend may ask to keep an op with several results whole (Core ML converts
+`adaptive_max_pool1d`/`2d`): see `keepable`.
 Integer `remainder` becomes `a - floor_div(a, b) * b`: the portable runtime's
 kernel truncates like C's `%` where torch floors (-2 % 5 gives -2, torch 3: silently
 wrong, stock too); the kernel check refuses the op if any stage leaves it on the CPU.
@@ -26,6 +33,7 @@ taking Tensor inputs with mismatched dtypes"; stock fails the same way).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import torch
@@ -34,6 +42,7 @@ from torch.export import ExportedProgram
 
 from executorch.exir.program._program import (
     _register_no_decomp_op,
+    _remove_invalid_ops_for_not_decompose,
     _restore_transformed_ops_to_aten_ops,
     aten_op_to_transform_op,
 )
@@ -55,10 +64,6 @@ def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=No
     if list(physical_layout) == list(range(len(size))):
         return empty
     return torch.ops.aten.permute.default(empty, [list(physical_layout).index(dim) for dim in range(len(size))])
-
-
-# Non-core ops that ExecuTorch's own decompositions make and that no table decomposes.
-_MADE_BY_DECOMPOSITION = {torch.ops.aten.empty_permuted.default: _empty_permuted}
 
 
 def _median_dim(self, dim, keepdim=False):
@@ -87,8 +92,6 @@ def _median(self):
     return _median_dim(self.reshape(-1), 0)[0]
 
 
-# Non-core ATen ops that neither ExecuTorch's table nor torch's decomposes, and no
-# ExecuTorch runtime has a kernel for (the portable runtime has `topk`, not `median`).
 # Ops joining a list of tensors, which torch promotes and the Edge verifier does not.
 _JOINING = (torch.ops.aten.cat.default, torch.ops.aten.stack.default)
 
@@ -125,7 +128,121 @@ def _floored_remainder(self, other):
     return self - torch.div(self, other, rounding_mode="floor") * other
 
 
+def _round_decimals(self, *, decimals=0):
+    """`aten.round.decimals` as torch's kernel computes it, in the op-math dtype (float32 for
+    float16/bfloat16): round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0.
+    torch's own decomposition is a prims reference that fails under export (`prims.mul` of
+    a Python int: "Tensor with dtype torch.int64 is not the expected dtype")."""
+    if not self.is_floating_point():
+        return NotImplemented
+    x = self.to(torch.float32) if self.dtype in (torch.float16, torch.bfloat16) else self
+    if decimals == 0:
+        rounded = torch.round(x)
+    elif decimals > 0:
+        rounded = torch.round(x * 10.0**decimals) / 10.0**decimals
+    else:
+        rounded = torch.round(x / 10.0**-decimals) * 10.0**-decimals
+    return rounded.to(self.dtype)
+
+
+def _bin_positions(size: int, out: int, width: int, device) -> torch.Tensor:
+    """The input positions of each adaptive-pooling bin of a dim, flat (out * width,): bin i
+    covers [floor(i*size/out), ceil((i+1)*size/out)), its last position repeated up to `width`.
+
+    Ops, not a constant: a decomposition cannot make a tensor from Python data. Computed in
+    float32 with half a bin step of margin, which keeps floor and ceil exact below 2**22
+    positions (a non-integer i*size/out is at least 1/out from an integer), and which,
+    unlike integer floor division, every backend takes."""
+    step = size / out
+    bin_index = torch.arange(out, dtype=torch.float32, device=device)
+    first = torch.floor(bin_index * step + 0.5 / out)
+    last = torch.ceil(bin_index * step + (step - 0.5 / out)) - 1
+    offset = torch.arange(width, dtype=torch.float32, device=device)
+    return torch.minimum(first.unsqueeze(1) + offset, last.unsqueeze(1)).to(torch.int64).reshape(-1)
+
+
+def _adaptive_max_pool(self, output_size, n: int):
+    """`adaptive_max_pool{2,3}d` over the last `n` dims from core ops, for every size.
+
+    torch's decompositions handle only global pooling and sizes that divide (then a 3-d
+    max pool, which no ExecuTorch runtime has a kernel for, and a 2-d one with its stride
+    left out, which coremltools cannot convert: "got 2 input(s), expected minimum 3");
+    other sizes come back undecomposed and the Edge verifier refuses them.
+
+    A 2-d pool whose sizes divide becomes `max_pool2d_with_indices` with its stride given.
+    Otherwise the max is taken one dim at a time, last dim first (so ties go to the first
+    element in row-major order, as torch's kernel takes them): a dim that divides is viewed
+    as (bins, width); one that does not is gathered (`index_select`) into its bins, padded
+    to the widest by repeating a bin's last position. The indices, flat over the pooled
+    dims, follow the positions each max came from; unused, they are dead code (so are the
+    `argmax`es, taken apart from the `amax`es for that). Leading dims are flattened into
+    one, so the windows are of rank n + 2 at most (Core ML takes rank 5)."""
+    spatial = list(self.shape[-n:])
+    output_size = list(output_size)
+    if not all(isinstance(s, int) for s in self.shape) or 0 in output_size or self.dim() not in (n + 1, n + 2):
+        return NotImplemented  # symbolic sizes or an empty result: torch's own, or left whole
+    if n == 2 and all(s % o == 0 for s, o in zip(spatial, output_size)):
+        kernel = [s // o for s, o in zip(spatial, output_size)]
+        return torch.ops.aten.max_pool2d_with_indices.default(self, kernel, kernel)
+    batch = list(self.shape[:-n])
+    values = self.reshape(-1, *spatial)
+    lead = 1
+    # Per pooled dim: the input position each element of `values` came from (None: its own index).
+    came_from: list[torch.Tensor | None] = [None] * n
+    for d in reversed(range(n)):
+        size, out, dim = spatial[d], output_size[d], lead + d
+        if size == out:
+            continue
+        if size % out == 0:
+            width = size // out
+            windows = [values, *(p for p in came_from if p is not None)]
+            windows = [w.unflatten(dim, (out, width)) for w in windows]
+            values, within = torch.amax(windows[0], dim + 1), torch.argmax(windows[0], dim + 1)
+            bin_shape = [1] * values.dim()
+            bin_shape[dim] = out
+            position = torch.arange(out, device=self.device).reshape(bin_shape) * width + within
+        else:
+            width = max(-(-(i + 1) * size // out) - i * size // out for i in range(out))
+            positions = _bin_positions(size, out, width, self.device)
+            windows = [values, *(p for p in came_from if p is not None)]
+            windows = [torch.index_select(w, dim, positions).unflatten(dim, (out, width)) for w in windows]
+            values, within = torch.amax(windows[0], dim + 1), torch.argmax(windows[0], dim + 1)
+            bin_shape = [1] * (values.dim() + 1)
+            bin_shape[dim], bin_shape[dim + 1] = out, width
+            table = positions.reshape(bin_shape).expand(windows[0].shape)
+            position = torch.gather(table, dim + 1, within.unsqueeze(dim + 1)).squeeze(dim + 1)
+        others = iter(windows[1:])
+        for e in range(n):
+            if came_from[e] is not None:
+                came_from[e] = torch.gather(next(others), dim + 1, within.unsqueeze(dim + 1)).squeeze(dim + 1)
+        came_from[d] = position
+    indices = None
+    for d in range(n):
+        position = came_from[d]
+        if position is None:  # a dim not pooled: its own index
+            shape = [1] * values.dim()
+            shape[lead + d] = spatial[d]
+            position = torch.arange(spatial[d], device=self.device).reshape(shape)
+        indices = position if indices is None else indices * spatial[d] + position
+    return values.reshape(*batch, *output_size), indices.expand(values.shape).reshape(*batch, *output_size)
+
+
+def _adaptive_max_pool2d(self, output_size):
+    return _adaptive_max_pool(self, output_size, 2)
+
+
+def _adaptive_max_pool3d(self, output_size):
+    return _adaptive_max_pool(self, output_size, 3)
+
+
+# Ops no table decomposes (`median`: no runtime has a kernel for it either; the portable
+# one has `topk`), or decomposes only for some sizes (adaptive max pools), or into what a
+# runtime or converter cannot take (integer remainder); they replace the other tables' entries.
 _DECOMPOSED_HERE = {
+    torch.ops.aten.empty_permuted.default: _empty_permuted,  # ExecuTorch's empty_like makes it
+    torch.ops.aten.round.decimals: _round_decimals,
+    torch.ops.aten.adaptive_max_pool2d.default: _adaptive_max_pool2d,
+    torch.ops.aten.adaptive_max_pool3d.default: _adaptive_max_pool3d,
     torch.ops.aten.remainder.Tensor: _floored_remainder,
     torch.ops.aten.remainder.Scalar: _floored_remainder,
     torch.ops.aten.median.default: _median,
@@ -137,32 +254,65 @@ def _is_core(op: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
 
 
-def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverload]) -> dict:
-    """ExecuTorch's table, plus torch's decomposition of each non-core ATen op in
-    `program` that ExecuTorch's table lacks (else the Edge verifier refuses it), plus
-    ours of the non-core ops ExecuTorch's decompositions make."""
-    table = _default_decomposition_table()
-    added = {
-        node.target
-        for node in call_nodes(program)
-        if isinstance(node.target, torch._ops.OpOverload)
-        and node.target.namespace == "aten"
-        and node.target not in table
-        and node.target not in keep
-        and not _is_core(node.target)
-        and node.target in _torch_decompositions
+@functools.lru_cache(maxsize=1)
+def _torch_decompositions_of_non_core_ops() -> dict:
+    """torch's decomposition of every non-core ATen op ExecuTorch's table lacks."""
+    executorch_table = _default_decomposition_table()
+    return {
+        op: decomposition
+        for op, decomposition in _torch_decompositions.items()
+        if isinstance(op, torch._ops.OpOverload)
+        and op.namespace == "aten"
+        and op not in executorch_table
+        and not _is_core(op)
     }
-    for op in added:
-        table[op] = _torch_decompositions[op]
-    ours = {node.target for node in call_nodes(program) if node.target in _DECOMPOSED_HERE and node.target not in keep}
-    for op in ours:
-        table[op] = _DECOMPOSED_HERE[op]
-    for op, decomposition in _MADE_BY_DECOMPOSITION.items():
-        if op not in table:
-            table[op] = decomposition
-    if added or ours:
-        logger.debug("decomposing with torch's table too: %s; with ours: %s", sorted(map(str, added)), sorted(map(str, ours)))
+
+
+def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverload]) -> dict:
+    """ExecuTorch's table, plus torch's decomposition of each non-core ATen op that
+    ExecuTorch's table lacks (else the Edge verifier refuses it), plus ours.
+
+    Not only the ops `program` holds: a decomposition makes ops of its own
+    (ExecuTorch's `adaptive_max_pool1d` makes `adaptive_max_pool2d`, ours of it
+    `max_pool2d_with_indices`, ExecuTorch's `empty_like` makes `empty_permuted`), and each
+    is decomposed in turn by whichever table has it."""
+    table = _default_decomposition_table()
+    present = {node.target for node in call_nodes(program)}
+    added = {op: d for op, d in _torch_decompositions_of_non_core_ops().items() if op not in keep}
+    table.update(added)
+    ours = {op: d for op, d in _DECOMPOSED_HERE.items() if op not in keep}
+    table.update(ours)
+    if present & (added.keys() | ours.keys()):
+        logger.debug(
+            "decomposing with torch's table too: %s; with ours: %s",
+            sorted(str(op) for op in present & added.keys()),
+            sorted(str(op) for op in present & ours.keys()),
+        )
     return table
+
+
+def keepable(ops) -> set[torch._ops.OpOverload]:
+    """The ops that can be kept whole (renamed into the no-decompose namespace) of `ops`.
+
+    ExecuTorch's filter, except for ATen ops with several results: it takes every one of
+    those for an op that aliases its output (it compares the aliases of all results with
+    `[None]`), so `adaptive_max_pool1d`/`2d` and `max_pool1d_with_indices` were decomposed
+    however the backend asked (stock's Core ML and MLX paths do not ask that filter and
+    keep them). Such an op is kept when no result aliases, it mutates nothing, and a table
+    would decompose it otherwise (a core op is left as it is anyway)."""
+    ops = set(ops)
+    several = {
+        op for op in ops if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and len(op._schema.returns) > 1
+    }
+    kept = set(_remove_invalid_ops_for_not_decompose(sorted(ops - several, key=str))) if ops - several else set()
+    executorch_table = _default_decomposition_table()
+    for op in several:
+        schema = op._schema
+        if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+            continue
+        if op in executorch_table or not _is_core(op):
+            kept.add(op)
+    return kept
 
 
 def decompose(

@@ -30,15 +30,13 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
-
 from compiler.backends.base import Backend, KeepWhole
 from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.decompose import to_edge_program
+from compiler.stages.decompose import keepable, to_edge_program
 from compiler.stages.partition import partition
 
 
@@ -95,7 +93,7 @@ _CANNOT_KEEP_WHOLE = (data_dependent_size, boolean_mask_index, number_for_a_tens
 def requested_nodes(program: ExportedProgram, backend: Backend) -> tuple[list[torch.fx.Node], dict[str, str]]:
     """The ATen nodes the backend asks to keep whole that can be, and why the others cannot."""
     keep = backend.keep_whole(program)
-    ops = set(_remove_invalid_ops_for_not_decompose(list(keep.ops))) if keep.ops else set()
+    ops = keepable(keep.ops) if keep.ops else set()
     asked = [
         node
         for node in call_nodes(program)
