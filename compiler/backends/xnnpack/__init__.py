@@ -55,6 +55,7 @@ class XnnpackBackend(Backend):
 
     def __init__(self, **partitioner_options) -> None:
         self.partitioner = XnnpackPartitioner(**partitioner_options)
+        rules.refuse_in_configs(self.partitioner)  # what stock's visitors lower wrongly
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
         ops, node_filter = self.partitioner.ops_to_not_decompose(program)
@@ -66,10 +67,13 @@ class XnnpackBackend(Backend):
     def partition(self, program: ExportedProgram) -> BackendPartition:
         dequantized_here = rules.dequantize_with_plain_ops(program)  # stock would drop their scales
         rules.tanh_gelu_as_plain_ops(program)  # stock would compute the exact GELU
+        rules.hardtanh_bounds_spelled_out(program)  # stock would fail on hardtanh(x, min_val)
+        refused = rules.refused_nodes(program)
         with _collect_refusals() as collector:
             result = self.partitioner.partition(program)
         copies = rules.copies_leaving_the_delegate(program)
-        return BackendPartition(dict(result.partition_tags), {**collector.reasons, **dequantized_here, **copies})
+        reasons = {**collector.reasons, **refused, **dequantized_here, **copies}
+        return BackendPartition(dict(result.partition_tags), reasons)
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         target = format_target_name(getattr(node.target, "__name__", str(node.target)))

@@ -28,13 +28,22 @@ GELU is rewritten into the formula torch computes, 0.5 x (1 + tanh(sqrt(2/pi) (x
 A copy (`clone`) XNNPACK takes whose result is used outside the delegate runs on the
 CPU: XNNPACK elides copies, so its output would pass another value through, which
 the delegate refuses ("Output node ... is already in the inputs"; stock fails so).
+
+Other node visitors read less of a node than its op means, and stock's configs take
+the node anyway (found by tests/backends/xnnpack/test_xnnpack_support_table.py, which
+compiles every op the configs claim with each non-tensor argument off its default):
+`refusal` lists the rules, each a small function saying what stock does wrong, and
+`refuse_in_configs` makes every config check them first, so such a node is neither kept
+whole at decomposition nor taken by the partition search, and runs on the CPU with that
+reason. Where a plain rewrite keeps the node right on XNNPACK, it is rewritten instead
+(`hardtanh_bounds_spelled_out`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -312,3 +321,128 @@ def copies_leaving_the_delegate(program: ExportedProgram) -> dict[str, str]:
             del node.meta["delegation_tag"]
             untagged[node.name] = COPY_LEAVES_DELEGATE
     return untagged
+
+
+def hardtanh_bounds_spelled_out(program: ExportedProgram) -> int:
+    """Stock's hardtanh visitor (operators/op_hardtanh.py) reads `args[2]` whenever `args[1]`
+    is there: `hardtanh(x, 0.5)` (max_val left at its default) fails inside to_backend with
+    "tuple index out of range". Each hardtanh gets both bounds written out, in place,
+    before the partition search; returns how many."""
+    spelled = 0
+    for node in program.graph.nodes:
+        if node.op == "call_function" and op_name(node.target) == "aten.hardtanh.default" and len(node.args) == 2:
+            node.args = (*node.args, node.kwargs.get("max_val", 1.0))
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "max_val"}
+            spelled += 1
+    if spelled:
+        program.graph_module.recompile()
+    return spelled
+
+
+# --- nodes stock's configs take and its node visitors lower wrongly: refused ------------
+
+
+def addmm_scaled(node: torch.fx.Node) -> Optional[str]:
+    """Stock's addmm visitor (operators/op_addmm.py) serializes a FullyConnected of the bias,
+    input and weight and never reads `beta` or `alpha`, which AddmmConfig does not check:
+    `addmm(b, x, w, beta=0.5)` comes out `b + x @ w`, silently."""
+    if op_name(node.target) != "aten.addmm.default":
+        return None
+    scales = {name: _argument(node, position, name, 1) for position, name in ((3, "beta"), (4, "alpha"))}
+    off = {name: value for name, value in scales.items() if value != 1}
+    if not off:
+        return None
+    shown = ", ".join(f"{name}={value}" for name, value in off.items())
+    return f"{shown}: XNNPACK 1.5.1's addmm visitor ignores beta and alpha (it computes bias + input @ weight)"
+
+
+def max_dim_stock_cannot_pool(node: torch.fx.Node) -> Optional[str]:
+    """Stock's max.dim visitor (operators/op_max_dim.py) lowers a max over dim 2 or 3, with
+    keepdim, as a 4-D max pooling, and raises from inside to_backend for any other dim
+    (-1 and -2 too: "amax.default only supports dim == 2 or dim == 3") or without keepdim;
+    MaxDimConfig checks neither."""
+    if op_name(node.target) != "aten.max.dim":
+        return None
+    dim, keepdim = _argument(node, 1, "dim", None), _argument(node, 2, "keepdim", False)
+    if dim in (2, 3) and keepdim is True and len(node.args) == 3:
+        return None
+    return f"max.dim with dim={dim}, keepdim={keepdim}: XNNPACK 1.5.1 pools only dim 2 or 3 with keepdim=True"
+
+
+# Ops stock's ChannelsLastTaggedReshapePass lowers in NHWC, asserting their input is 4-D,
+# whose configs do not check it (convolution's 1-D case is unsqueezed before the pass).
+_NHWC_UNCHECKED = ("aten.max_pool2d.default", "aten.avg_pool2d.default", "aten.prelu.default")
+
+
+def nhwc_op_not_4d(node: torch.fx.Node) -> Optional[str]:
+    """XNNPACK lowers pools and PReLU in NHWC: stock's ChannelsLastTaggedReshapePass asserts
+    their input is 4-D ("Attempting to convert non-NHWC compatible node to NHWC", from
+    inside to_backend), which MaxPool2dConfig, AvgPoolingConfig and PreluConfig do not
+    check: an unbatched (C, H, W) pool, or a PReLU over (N, C, L), failed to compile."""
+    if op_name(node.target) not in _NHWC_UNCHECKED or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() == 4:
+        return None
+    return f"a {value.dim()}-D input: XNNPACK 1.5.1 lowers {op_name(node.target)} in NHWC, 4-D inputs only"
+
+
+def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
+    """Stock's upsample_bilinear2d visitor (operators/op_static_resize_bilinear_2d.py) passes
+    XNNPACK the output size only, so it samples at in / out steps; torch, given
+    `scale_factors` and align_corners=False, samples at 1 / scale steps. Where out is not
+    in * scale (a scale of 2.2 over 3 rows gives 6 rows) the numbers differ, silently
+    (0.46 off in the sweep)."""
+    if op_name(node.target) != "aten.upsample_bilinear2d.vec":
+        return None
+    scales = _argument(node, 3, "scale_factors", None)
+    if not scales or _argument(node, 2, "align_corners", False):
+        return None
+    source, result = node.args[0].meta.get("val"), node.meta.get("val")
+    if source is None or result is None:
+        return None
+    sizes = zip(source.shape[-2:], result.shape[-2:], scales)
+    if all(isinstance(size, int) and size * scale == out for size, out, scale in sizes):
+        return None
+    return (
+        f"scale_factors={list(scales)} with an output of another ratio: XNNPACK 1.5.1's bilinear "
+        "resize ignores them (it samples at input / output size steps, torch at 1 / scale)"
+    )
+
+
+# Every rule: node -> None when stock's config may take it, else the reason it may not.
+REFUSALS: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
+    addmm_scaled,
+    max_dim_stock_cannot_pool,
+    nhwc_op_not_4d,
+    bilinear_scale_unlike_size,
+)
+
+
+def refusal(node: torch.fx.Node) -> Optional[str]:
+    """The reason the first rule refuses `node` for XNNPACK, or None."""
+    if node.op != "call_function":
+        return None
+    for rule in REFUSALS:
+        reason = rule(node)
+        if reason:
+            return reason
+    return None
+
+
+def refuse_in_configs(partitioner) -> None:
+    """Make every config of `partitioner` apply `refusal` before its own check: a node a
+    rule refuses is then neither kept whole (`ops_to_not_decompose` asks the same check)
+    nor taken by the partition search."""
+    for config in partitioner.target_partitioner_configs.values():
+        stock = config.check_constraints
+
+        def check(node: torch.fx.Node, ep: ExportedProgram, stock=stock) -> bool:
+            return refusal(node) is None and stock(node, ep)
+
+        config.check_constraints = check
+
+
+def refused_nodes(program: ExportedProgram) -> dict[str, str]:
+    """Node name -> the reason a rule refuses it, for the placement plan."""
+    return {node.name: reason for node in program.graph.nodes if (reason := refusal(node))}

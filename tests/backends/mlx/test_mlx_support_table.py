@@ -12,30 +12,40 @@ Each op is run a second time per non-tensor argument, with that argument off its
 `descending`) gives a wrong number only there. Cases are named op-argument=value.
 
 The default run takes each op in its first dtype; `-m slow` adds float16, bfloat16 and
-int32 wherever eager takes them.
+int32 wherever eager takes them. What does not depend on MLX (the inputs from the schema,
+the module, the other argument values) is in tests/backends/op_programs.py.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable
 
 import pytest
 import torch
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
-from torch.utils import _pytree as pytree
+from backends.op_programs import (  # tests/backends/op_programs.py, shared with the XNNPACK sweep
+    SHAPE,
+    OneOp,
+    OpSweep,
+    aten as _aten,
+    compare as _compare,
+    eager as _eager,
+    idx as _idx,
+    op_label as _op_label,
+    positive as _positive,
+    rand as _rand,
+    tensor as _t,
+    variant_id as _variant_id,
+    weight as _w,
+)
 
 import compiler
 from compiler.backends.mlx.generated import ensure_generated
 from compiler.backends.mlx.interpreter import UnsupportedMLXNode
-from compiler.ir.dialect import op_name
 from compiler.ir.errors import CaptureError, VerificationError
 
-SHAPE = (2, 3, 4)
 FIRST_DTYPES = (torch.float32, torch.int32, torch.bool)  # an op's default dtype: the first eager takes
 MORE_DTYPES = (torch.float16, torch.bfloat16, torch.int32)
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 # Claimed targets no one-op program can stand for, with the reason.
 NOT_BUILDABLE = {
@@ -90,48 +100,6 @@ IN_PLACE = (
     "in-place: export functionalizes it, and only stock's MLXReinplacePass (which this driver "
     "does not run) puts it back"
 )
-
-
-def _rand(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
-    if dtype == torch.bool:
-        return torch.rand(shape) > 0.5
-    if dtype.is_floating_point:
-        return torch.randn(shape).to(dtype)
-    count = math.prod(shape)  # distinct integers: ties would let sort, topk, argmax pick either
-    return (torch.randperm(count) - count // 2).reshape(shape).to(dtype)
-
-
-def _positive(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
-    return (torch.rand(shape) * 3 + 0.1).to(dtype)
-
-
-def _unit(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
-    return (torch.rand(shape) * 1.8 - 0.9).to(dtype)
-
-
-def _at_least_one(dtype: torch.dtype, shape=SHAPE) -> torch.Tensor:
-    return (torch.rand(shape) * 3 + 1.0).to(dtype)
-
-
-# The input domain where an op is defined (elsewhere eager gives nan and compares nothing).
-DOMAINS: dict[str, Callable[..., torch.Tensor]] = {
-    **dict.fromkeys(["log", "log2", "log10", "sqrt", "rsqrt", "log1p", "reciprocal"], _positive),
-    **dict.fromkeys(["asin", "acos", "atanh"], _unit),
-    "acosh": _at_least_one,
-}
-
-
-def _idx(*values) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
-
-
-def _t(shape, dtype):
-    return _rand(dtype, shape)
-
-
-def _w(shape, dtype):
-    """A weight: a parameter of the program (as in a model), not an input."""
-    return torch.nn.Parameter(_rand(dtype, shape), requires_grad=False)
 
 
 # Ops whose arguments must agree with each other: (dtype) -> (args, kwargs).
@@ -213,17 +181,33 @@ INPUT_OVERRIDES: dict[str, Callable[[torch.dtype], tuple[tuple, dict]]] = {
     "aten.pow.Tensor_Tensor": lambda d: ((_positive(d), _t(SHAPE, d) if d.is_floating_point else _positive(d)), {}),
 }
 
-
-def _op_label(target: Any) -> str:
-    if isinstance(target, str):
-        return target
-    if getattr(target, "__module__", None) in ("_operator", "operator"):
-        return f"operator.{target.__name__}"
-    return op_name(target)
-
-
-def _aten(target: Any) -> Any:
-    return target._op if isinstance(target, EdgeOpOverload) else target
+# (op, argument) -> a value that only one op's other arguments decide.
+VALUES = {
+    ("aten.repeat_interleave.self_int", "output_size"): 6,  # the size the output has: 3 repeated twice
+}
+# (op, argument) -> inputs under which the argument can take another value: (dtype) -> (args, kwargs).
+VARIANT_INPUTS: dict[tuple[str, str], Callable[[torch.dtype], tuple[tuple, dict]]] = {
+    ("aten.conv1d.default", "groups"): lambda d: ((_t((1, 2, 8), d), _w((4, 1, 3), d), _w((4,), d)), {}),
+    ("aten.conv2d.default", "groups"): lambda d: ((_t((1, 2, 6, 6), d), _w((4, 1, 3, 3), d), _w((4,), d)), {}),
+    ("aten.conv3d.default", "groups"): lambda d: (
+        (_t((1, 2, 4, 4, 4), d), _w((4, 1, 3, 3, 3), d), _w((4,), d)),
+        {},
+    ),
+    ("aten.conv3d.default", "dilation"): lambda d: ((_t((1, 2, 6, 6, 6), d), _w((3, 2, 3, 3, 3), d), _w((3,), d)), {}),
+    ("aten.conv_transpose1d.default", "groups"): lambda d: ((_t((1, 2, 5), d), _w((2, 3, 3), d), _w((6,), d)), {}),
+    ("aten.conv_transpose2d.input", "groups"): lambda d: (
+        (_t((1, 2, 4, 4), d), _w((2, 3, 3, 3), d), _w((6,), d)),
+        {},
+    ),
+    ("aten.conv_transpose3d.input", "groups"): lambda d: (
+        (_t((1, 2, 3, 3, 3), d), _w((2, 3, 2, 2, 2), d), _w((6,), d)),
+        {},
+    ),
+    ("aten.clone.default", "memory_format"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+    ("aten._to_copy.default", "memory_format"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+    ("dim_order_ops._clone_dim_order.default", "dim_order"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+    ("dim_order_ops._to_dim_order_copy.default", "dim_order"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
+}
 
 
 @functools.cache
@@ -246,93 +230,12 @@ def not_buildable(label: str, target: Any) -> str | None:
     return None
 
 
-# --- inputs from the schema ------------------------------------------------------------
-
-_DIMS = {"dim": 1, "dim0": 0, "dim1": 2, "index": 1, "start": 1, "length": 2, "split_size": 2, "k": 2, "repeats": 2}
-
-
-def _scalar(dtype: torch.dtype) -> float | int:
-    return 0.5 if dtype.is_floating_point else 2
-
-
-def _tensor_for(label: str, dtype: torch.dtype) -> torch.Tensor:
-    domain = DOMAINS.get(label.split(".")[1])
-    return domain(dtype) if domain else _rand(dtype)
-
-
-def _argument(label: str, argument, dtype: torch.dtype) -> Any:
-    """A value for one required schema argument, or KeyError when the schema says too little."""
-    kind, name = str(argument.type), argument.name
-    if kind == "Tensor":
-        return _rand(torch.bool) if name == "condition" else _tensor_for(label, dtype)
-    if kind == "List[Tensor]":
-        return [_tensor_for(label, dtype), _tensor_for(label, dtype)]
-    if kind == "int" and name in _DIMS:
-        return _DIMS[name]
-    if kind in ("List[int]", "Optional[List[int]]") and name in ("dim", "dims"):
-        return [1]
-    if kind == "number":
-        return _scalar(dtype)
-    raise KeyError(f"{kind} {name}")
-
-
-def schema_inputs(label: str, op: torch._ops.OpOverload, dtype: torch.dtype) -> tuple[tuple, dict]:
-    """Arguments for `op` from its schema: every argument without a default gets a value."""
-    if label in INPUT_OVERRIDES:
-        return INPUT_OVERRIDES[label](dtype)
-    args, kwargs = [], {}
-    for argument in op._schema.arguments:
-        if argument.has_default_value():
-            continue
-        value = _argument(label, argument, dtype)
-        if argument.kwarg_only:
-            kwargs[argument.name] = value
-        else:
-            args.append(value)
-    return tuple(args), kwargs
-
-
-class OneOp(torch.nn.Module):
-    """forward(*tensors) = op(args) with the tensors, and the weights, put back where they were."""
-
-    def __init__(self, op, args: tuple, kwargs: dict) -> None:
-        super().__init__()
-        self.op = op
-        leaves, self.spec = pytree.tree_flatten((args, kwargs))
-        is_weight = [isinstance(leaf, torch.nn.Parameter) for leaf in leaves]
-        self.weights = torch.nn.ParameterList(leaf for leaf, w in zip(leaves, is_weight) if w)
-        self.weight_positions = [i for i, w in enumerate(is_weight) if w]
-        self.positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and not is_weight[i]]
-        self.leaves = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-        self.example = tuple(leaves[i] for i in self.positions)
-
-    def forward(self, *tensors):
-        leaves = list(self.leaves)
-        for position, tensor in zip(self.positions, tensors):
-            leaves[position] = tensor
-        for position, weight in zip(self.weight_positions, self.weights):
-            leaves[position] = weight
-        args, kwargs = pytree.tree_unflatten(leaves, self.spec)
-        return self.op(*args, **kwargs)
-
-
-def _eager(module: OneOp) -> list[torch.Tensor] | None:
-    """The op's eager outputs, or None when eager does not take these inputs."""
-    try:
-        with torch.no_grad():
-            out = module(*module.example)
-    except Exception:  # noqa: BLE001  any refusal by eager means these inputs are not the op's
-        return None
-    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+SWEEP = OpSweep(claimed, INPUT_OVERRIDES, VARIANT_INPUTS, VALUES, FIRST_DTYPES)
 
 
 def one_op_program(label: str, dtype: torch.dtype) -> OneOp | None:
     """The one-op module for `label` over `dtype`, or None when eager does not take that dtype."""
-    op = claimed()[label]  # an Edge op (dim_order_ops) runs eagerly and exports as itself
-    torch.manual_seed(0)
-    args, kwargs = schema_inputs(label, op, dtype)
-    module = OneOp(op, args, kwargs).eval()
-    return module if _eager(module) is not None else None
+    return SWEEP.one_op_program(label, dtype)
 
 
 # --- the cases ---------------------------------------------------------------------------
@@ -343,13 +246,7 @@ def _buildable() -> list[str]:
 
 
 def _first_dtype(label: str) -> torch.dtype:
-    for dtype in FIRST_DTYPES:
-        try:
-            if one_op_program(label, dtype) is not None:
-                return dtype
-        except KeyError:
-            break  # the schema says too little: the test shows which argument
-    return FIRST_DTYPES[0]
+    return SWEEP.first_dtype(label)
 
 
 def _cases() -> list:
@@ -363,14 +260,6 @@ def _cases() -> list:
                 marks = [pytest.mark.slow, *known]
                 cases.append(pytest.param(label, dtype, id=f"{label}-{str(dtype)[6:]}", marks=marks))
     return cases
-
-
-def _compare(outputs: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
-    assert len(outputs) == len(expected)
-    for out, want in zip(outputs, expected):
-        assert out.shape == want.shape and out.dtype == want.dtype, (out.shape, out.dtype, want.shape, want.dtype)
-        tolerance = TOLERANCE.get(want.dtype, 0.0)  # an int input can give a float output (exp, cos, ...)
-        torch.testing.assert_close(out, want, atol=tolerance, rtol=tolerance, equal_nan=True)
 
 
 def _placement_is_explained(label: str, artifact) -> None:
@@ -470,44 +359,8 @@ def test_max_pool_whose_indices_are_unread_stays_on_mlx():
 # case's (else the first eager takes, and the table row says "same output"). The default
 # run takes one value per argument; `-m slow` adds the other dtypes.
 
-# Arguments with one meaning on this CPU, whatever value they are given: the reason.
-NO_OTHER_VALUE = {
-    "layout": "torch.strided is the only layout these ops take",
-    "device": "the CPU is the only device here",
-    "pin_memory": "pinning needs an accelerator",
-}
-# Arguments that change nothing unless another one is set too: what is set with them.
-COMPANIONS = {
-    "count_include_pad": lambda n: {"padding": [1] * n},  # counts padding only where there is some
-    "output_padding": lambda n: {"stride": [2] * n},  # must be smaller than the stride
-}
-# (op, argument) -> a value that only one op's other arguments decide.
-VALUES = {
-    ("aten.repeat_interleave.self_int", "output_size"): 6,  # the size the output has: 3 repeated twice
-}
-# (op, argument) -> inputs under which the argument can take another value: (dtype) -> (args, kwargs).
-VARIANT_INPUTS: dict[tuple[str, str], Callable[[torch.dtype], tuple[tuple, dict]]] = {
-    ("aten.conv1d.default", "groups"): lambda d: ((_t((1, 2, 8), d), _w((4, 1, 3), d), _w((4,), d)), {}),
-    ("aten.conv2d.default", "groups"): lambda d: ((_t((1, 2, 6, 6), d), _w((4, 1, 3, 3), d), _w((4,), d)), {}),
-    ("aten.conv3d.default", "groups"): lambda d: (
-        (_t((1, 2, 4, 4, 4), d), _w((4, 1, 3, 3, 3), d), _w((4,), d)),
-        {},
-    ),
-    ("aten.conv3d.default", "dilation"): lambda d: ((_t((1, 2, 6, 6, 6), d), _w((3, 2, 3, 3, 3), d), _w((3,), d)), {}),
-    ("aten.conv_transpose1d.default", "groups"): lambda d: ((_t((1, 2, 5), d), _w((2, 3, 3), d), _w((6,), d)), {}),
-    ("aten.conv_transpose2d.input", "groups"): lambda d: (
-        (_t((1, 2, 4, 4), d), _w((2, 3, 3, 3), d), _w((6,), d)),
-        {},
-    ),
-    ("aten.conv_transpose3d.input", "groups"): lambda d: (
-        (_t((1, 2, 3, 3, 3), d), _w((2, 3, 2, 2, 2), d), _w((6,), d)),
-        {},
-    ),
-    ("aten.clone.default", "memory_format"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
-    ("aten._to_copy.default", "memory_format"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
-    ("dim_order_ops._clone_dim_order.default", "dim_order"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
-    ("dim_order_ops._to_dim_order_copy.default", "dim_order"): lambda d: ((_t((1, 2, 3, 4), d),), {}),
-}
+# NO_OTHER_VALUE and COMPANIONS (backends/op_programs.py): arguments not varied, and those set in
+# pairs; VALUES and VARIANT_INPUTS (above, beside INPUT_OVERRIDES): the values and inputs of a few.
 # Variants torch.export cannot capture though eager runs them: case id with dtype -> reason.
 VARIANT_EXPORT_FAILS = {
     "aten.arange.start_step-step=0.5-int32": "export's fake arange truncates a float step for an integer dtype",
@@ -529,153 +382,19 @@ VARIANT_FAILS_AT_RUN = {
 }
 
 
-def _is_tensor_type(kind: str) -> bool:
-    return "Tensor" in kind
-
-
-def _bound(op, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """name -> the value the call passes (its default when it passes none)."""
-    values = {}
-    for position, argument in enumerate(op._schema.arguments):
-        if not argument.kwarg_only and position < len(args):
-            values[argument.name] = args[position]
-        elif argument.name in kwargs:
-            values[argument.name] = kwargs[argument.name]
-        elif argument.has_default_value():
-            values[argument.name] = argument.default_value
-    return values
-
-
-def _changed(op, args: tuple, kwargs: dict, changes: dict[str, Any]) -> tuple[tuple, dict]:
-    """The call with `changes` made: in place where passed by position, else by keyword."""
-    args, kwargs = list(args), dict(kwargs)
-    positions = {a.name: i for i, a in enumerate(op._schema.arguments) if not a.kwarg_only}
-    for name, value in changes.items():
-        if positions.get(name, len(args)) < len(args):
-            args[positions[name]] = value
-        else:
-            kwargs[name] = value
-    return tuple(args), kwargs
-
-
-def _spatial(bound: dict[str, Any]) -> int:
-    """How many spatial dimensions a pool or convolution call has (entries of its stride, padding, ...)."""
-    return len(bound.get("kernel_size") or bound.get("stride") or [])
-
-
-def _dtype_candidates(dtype: torch.dtype) -> list[torch.dtype]:
-    return [d for d in (torch.float16, torch.float32, torch.int32) if d != dtype]
-
-
-def _candidates(argument, bound: dict[str, Any], dtype: torch.dtype) -> list:
-    """Values for a non-tensor argument, by schema type and name, most telling first."""
-    kind, name = str(argument.type), argument.name
-    if kind.startswith("Optional["):
-        kind = kind[len("Optional[") : -1]
-    n = _spatial(bound)
-    by_name = {
-        "dtype": _dtype_candidates(dtype),
-        "memory_format": [torch.channels_last, torch.contiguous_format],
-        "dim_order": [[0, 2, 3, 1], [0, 1, 2]],
-        "dim": [1, 0, -1, -2] if kind == "int" else [[1], [0], [-1]],
-        "dim0": [1, 0, -1, -2],
-        "dim1": [1, 0, -1, -2],
-        "dims": [[1], [0], [-1], [0, 2, 1]],
-        "index": [-1, 0],
-        "rounding_mode": ["trunc", None],
-        "shifts": [[-1]],
-        "pad": [[1, 0, 0, 1]],
-        "scale_factors": [[2.2, 1.7]],  # an output twice the input (torch ignores that scale), and not
-        "kernel_size": [[3] * n],
-        "diagonal": [1, -1],
-        "start": [1, -2],
-        "end": [-1, 3],
-        "correction": [0, 2],
-        "eps": [0.1],
-        "scales_h": [3.0],
-        "scales_w": [3.0],
-        "stride": [[1] * n, [2] * n],
-        "padding": [[1] * n, [0] * n],
-        "dilation": [[2] * n],
-        "output_padding": [[1] * n],
-        "approximate": ["tanh"],
-        "divisor_override": [3],
-    }
-    if name in by_name:
-        return by_name[name]
-    if kind == "bool":
-        return [not argument.default_value]
-    if kind == "int":
-        return [2, 1]
-    if kind in ("number", "float"):
-        return [0.5, 2, -0.5] if dtype.is_floating_point else [2, -1, 0.5]
-    return []
-
-
-def _same(left: list[torch.Tensor], right: list[torch.Tensor]) -> bool:
-    return len(left) == len(right) and all(
-        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(left, right)
-    )
-
-
-def _base_call(label: str, name: str, dtype: torch.dtype) -> tuple[tuple, dict]:
-    op = claimed()[label]
-    torch.manual_seed(0)
-    if (label, name) in VARIANT_INPUTS:
-        return VARIANT_INPUTS[(label, name)](dtype)
-    return schema_inputs(label, op, dtype)
-
-
 def variant_program(label: str, dtype: torch.dtype, changes: dict[str, Any]) -> OneOp | None:
     """The one-op module for `label` over `dtype` with `changes` made, or None when eager refuses it."""
-    op = claimed()[label]
-    args, kwargs = _base_call(label, next(iter(changes)), dtype)
-    module = OneOp(op, *_changed(op, args, kwargs, changes)).eval()
-    return module if _eager(module) is not None else None
+    return SWEEP.variant_program(label, dtype, changes)
 
 
 def _variant(label: str, argument, dtype: torch.dtype) -> tuple[dict[str, Any] | None, str]:
     """(changes, note) for one argument: the arguments to set, or None and why there are none."""
-    if argument.name in NO_OTHER_VALUE:
-        return None, NO_OTHER_VALUE[argument.name]
-    op = claimed()[label]
-    args, kwargs = _base_call(label, argument.name, dtype)
-    bound = _bound(op, args, kwargs)
-    base = _eager(OneOp(op, args, kwargs))
-    if (label, argument.name) in VALUES:
-        candidates = [VALUES[(label, argument.name)]]
-    else:
-        candidates = _candidates(argument, bound, dtype)
-    n = _spatial(bound)
-    taken = None
-    for value in candidates:
-        if value == bound.get(argument.name):
-            continue
-        changes = {argument.name: value, **COMPANIONS.get(argument.name, lambda _: {})(n)}
-        module = variant_program(label, dtype, changes)
-        if module is None:
-            continue
-        if base is None or not _same(_eager(module), base):
-            return changes, ""
-        taken = taken or changes
-    if taken:
-        return taken, "same output"
-    if not candidates:
-        return None, f"no value to try for a {argument.type} named {argument.name} (a shape: another program)"
-    return None, f"eager takes none of {candidates} for {argument.name}"
-
-
-def _variant_id(label: str, changes: dict[str, Any]) -> str:
-    def shown(value):
-        return str(value).removeprefix("torch.").replace(" ", "")
-
-    return label + "-" + "+".join(f"{name}={shown(value)}" for name, value in changes.items())
+    return SWEEP.variant(label, argument, dtype)
 
 
 def _varied_arguments(label: str) -> list:
     """Every non-tensor argument: those with a default, and the required ones the base case sets."""
-    op = claimed()[label]
-    return [a for a in op._schema.arguments if not _is_tensor_type(str(a.type))]
+    return SWEEP.varied_arguments(label)
 
 
 def _export_fails(case_id: str) -> list:
