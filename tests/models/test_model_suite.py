@@ -108,3 +108,13 @@ def test_gemma_gelu_converts_in_tanh_mode():
     artifact = compiler.compile(module, inputs, "coreml")
     modes = [op.constants["mode"] for model in read_models(artifact.pte) for op in model.ops_of_type("gelu")]
     assert modes and set(modes) == {"TANH_APPROXIMATION"}
+
+
+@pytest.mark.parametrize("name", ["llama_static_cache", "siglip", "gemma3_vlm", "whisper"])
+def test_eager_attention_matches_eager_too(name):
+    """transformers' other attention path: plain matmuls and softmax instead of SDPA."""
+    module, inputs = model_suite.SUITE[name](attention="eager")
+    artifact = compiler.compile(module, inputs, "xnnpack")
+    with torch.no_grad():
+        want = module(*inputs)
+    _assert_matches_eager(name, compiler.run(artifact, inputs), want)

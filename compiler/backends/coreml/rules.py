@@ -226,6 +226,7 @@ def zero_dim_fill(node, ctx) -> Optional[str]:
 _NO_BOOL_DATA = (
     torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter,  # torch_tensor_assign
     torch.ops.aten.index_select, torch.ops.aten.gather, torch.ops.aten.index,  # gather, gather_nd
+    torch.ops.aten.pad, torch.ops.aten.constant_pad_nd,  # pad: a bool comes out float64, which no op takes
 )
 
 

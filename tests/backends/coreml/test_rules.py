@@ -317,3 +317,19 @@ def test_a_pool_whose_indices_are_used_runs_on_the_cpu(pool):
     assert list(cpu_ops(artifact).values()) == ["aten.max_pool2d_with_indices.default"]
     assert all("whose indices are used" in reason for reason in cpu_reasons(artifact).values())
     assert "aten.mul.Tensor" in delegated_ops(artifact)
+
+
+class PadBool(nn.Module):
+    """Gemma 3's image-block start: `pad(is_image, (1, 0))[:, :-1]`, then `~`."""
+
+    def forward(self, ids):
+        is_image = ids == 7
+        previous = nn.functional.pad(is_image, (1, 0), value=0)[:, :-1]
+        return (is_image & ~previous).int().cumsum(1)
+
+
+def test_pad_of_bool_runs_on_the_cpu():
+    model, inputs = PadBool(), (torch.tensor([[1, 7, 7, 2, 7]]),)
+    assert "bitwise_not" in stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs)
+    assert any("pad" in op and "of bool data" in cpu_reasons(artifact)[node] for node, op in cpu_ops(artifact).items())
