@@ -279,3 +279,15 @@ def test_a_reshape_decided_on_kernel_strides_survives_the_vmap_retrace(backend):
     if backend != "coreml":
         for got, want in zip(compiler.run(artifact, args), VmapMaskBesideAttention()(*args)):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_a_channels_last_model_is_stored_row_major_and_matches_eager(backend):
+    import compiler
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).to(memory_format=torch.channels_last).eval()
+    args = (torch.randn(1, 3, 16, 16),)
+    program, metrics = _capture(model, args)
+    assert metrics["constants_made_row_major"] == 1  # the 4-d weight (the bias is 1-d)
+    (got,) = compiler.run(compiler.compile(model, args, backend), args)
+    torch.testing.assert_close(got, model(*args))
