@@ -14,7 +14,7 @@ import traceback
 from typing import Any, Sequence
 
 from compiler import api, backends
-from compiler.examples import EXAMPLES, describe, resolve_model
+from compiler.examples import EXAMPLES, MODELS, describe, resolve_model
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.serialize import save_stage_file, can_save
 from compiler.runtime import compare_with_eager
@@ -178,9 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("compiler").setLevel(logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
     if args.command == "examples":
-        width = max(map(len, EXAMPLES))
-        for name in EXAMPLES:
-            print(f"{name:{width}}  {describe(name)}")
+        width = max(map(len, MODELS))
+        for name in MODELS:
+            extra = "" if name in EXAMPLES else " (needs pip install -e '.[models]')"
+            print(f"{name:{width}}  {describe(name)}{extra}")
         return 0
     try:
         return _fuzz(args) if args.command == "fuzz" else _compile(args)

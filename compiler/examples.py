@@ -135,12 +135,15 @@ EXAMPLES: dict[str, Callable] = {
     "convnet": convnet,
     "transformer": transformer,
     "shared_buffer": shared_buffer,
-    **model_suite.SUITE,  # need the models extra (transformers)
 }
+
+# Every model a MODEL spec can name: the built-in examples and the transformers model
+# suite (which needs the models extra).
+MODELS: dict[str, Callable] = {**EXAMPLES, **model_suite.SUITE}
 
 
 def describe(name: str) -> str:
-    factory = EXAMPLES[name]
+    factory = MODELS[name]
     params = inspect.signature(factory).parameters.values()
     defaults = ", ".join(f"{p.name}={p.default}" for p in params)
     return f"{factory.__doc__.strip()} [{defaults}]"
@@ -155,12 +158,12 @@ def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
     if head.endswith(".py") or os.sep in head:
         factory = _factory_from_file(head, tail, spec)
         kwargs: dict[str, Any] = {}
-    elif head in EXAMPLES:
-        factory, kwargs = EXAMPLES[head], _parse_kwargs(tail, spec)
+    elif head in MODELS:
+        factory, kwargs = MODELS[head], _parse_kwargs(tail, spec)
     else:
         raise UserInputError(
             f"MODEL {spec!r} is neither a built-in example nor path/to/file.py:factory",
-            hint=f"built-in examples: {', '.join(EXAMPLES)} (see `python -m compiler examples`)",
+            hint=f"built-in models: {', '.join(MODELS)} (see `python -m compiler examples`)",
         )
     try:
         made = factory(**kwargs)

@@ -6,14 +6,15 @@ import sys
 import pytest
 
 from compiler.cli import main
-from compiler.examples import EXAMPLES
+from compiler.examples import MODELS
 
 
-def test_examples_lists_every_builtin(capsys):
+def test_examples_lists_every_builtin_and_the_model_suite(capsys):
     assert main(["examples"]) == 0
     out = capsys.readouterr().out
-    for name in EXAMPLES:
+    for name in MODELS:
         assert name in out
+    assert "gpt2" in out and "needs pip install -e '.[models]'" in out
 
 
 def test_compile_check_prints_stage_table_and_error(capsys, tmp_path):

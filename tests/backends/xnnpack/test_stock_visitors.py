@@ -88,6 +88,10 @@ def test_stock_is_wrong_and_we_are_right(name):
             cause = cause.__cause__
         assert any(STOCK[name] in text for text in chain), chain
     else:
-        assert (_stock(model, x) - want).abs().max() > STOCK[name]  # silently another number
+        try:
+            wrong = (_stock(model, x) - want).abs().max() > STOCK[name]  # silently another number
+        except RuntimeError as error:  # or, for bilinear, a resize to sizes read from garbage
+            wrong = "failed with error" in str(error)
+        assert wrong
     (got,) = compiler.run(compiler.compile(model, (x,), "xnnpack"), (x,))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -280,7 +280,7 @@ def _variants() -> tuple[list, list]:
                 skips.append(pytest.param(label, argument.name, note, id=f"{label}-{argument.name}"))
                 continue
             case_id = variant_id(label, changes)
-            cases.append(pytest.param(label, dtype, changes, note, id=f"{case_id}-{dtype_id(dtype)}"))
+            cases.append(pytest.param(label, dtype, changes, note, id=f"{case_id}-{dtype_id(dtype)}", marks=pytest.mark.slow))
             for more in MORE_DTYPES:
                 cases.append(pytest.param(label, more, changes, note, id=f"{case_id}-{dtype_id(more)}", marks=pytest.mark.slow))
     return cases, skips
