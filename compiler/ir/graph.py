@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 import torch._functorch.predispatch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
 from executorch.exir.delegate import executorch_call_delegate
@@ -38,15 +39,23 @@ TRANSFORM_MARKERS = frozenset(
 METADATA_WRITES = frozenset([torch.ops.aten.detach_.default])
 
 
+def written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes an op writes into (training-IR programs keep in-place ops like add_, copy_)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None or node.target in METADATA_WRITES:
+        return []
+    written = []
+    for index, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+        written += [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.fx.Node)]
+    return written
+
+
 def writes_argument(node: torch.fx.Node, target: torch.fx.Node) -> bool:
-    """Whether `node` writes `target`'s data in place (an argument the op's schema marks as written)."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    if node.target in METADATA_WRITES:
-        return False
-    arguments = node.target._schema.arguments
-    given = list(zip(arguments, node.args)) + [(a, node.kwargs.get(a.name)) for a in arguments[len(node.args) :]]
-    return any(value is target and a.alias_info is not None and a.alias_info.is_write for a, value in given)
+    """Whether `node` writes `target`'s data in place."""
+    return target in written_arguments(node)
 
 
 def lift_constant(ep: ExportedProgram, name: str, value: torch.Tensor, fake_mode) -> torch.fx.Node:

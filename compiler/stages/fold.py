@@ -43,7 +43,7 @@ from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
-from compiler.ir.graph import METADATA_WRITES, copy_program, lift_constant, mutated_buffer_targets
+from compiler.ir.graph import copy_program, lift_constant, mutated_buffer_targets, written_arguments
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.stages.base import Stage, StageContext
 
@@ -118,20 +118,6 @@ def _stored_constant(value: torch.Tensor, taken: set[int]) -> torch.Tensor:
     return value.clone(memory_format=torch.contiguous_format)
 
 
-def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """The nodes an op writes into (training-IR programs keep in-place ops like add_, copy_)."""
-    schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None or node.target in METADATA_WRITES:
-        return []
-    written = []
-    for index, argument in enumerate(schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
-        written += [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.fx.Node)]
-    return written
-
-
 def _aliased(node: torch.fx.Node) -> torch.fx.Node | None:
     """The node whose data `node` is a view of (`select`, `slice`, `t`, `view`..., the items
     of `split` or `unbind`) or, for an in-place op, the node it wrote and returns."""
@@ -150,7 +136,7 @@ def written_in_place(ep: ExportedProgram) -> set[torch.fx.Node]:
     writes `y` through `select`): the written base and every alias of it."""
     written = set()
     for node in ep.graph.nodes:
-        for target in _written_arguments(node):
+        for target in written_arguments(node):
             while target is not None:
                 written.add(target)
                 target = _aliased(target)
