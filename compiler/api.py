@@ -11,12 +11,13 @@ from torch.utils import _pytree as pytree
 
 from compiler import backends
 from compiler.backends.base import Backend
+from compiler.config import CompileConfig, dependency_versions, split_options
 from compiler.driver import Pipeline, PipelineRun
-from compiler.ir.artifacts import EagerModel, ExecutorchProgram
+from compiler.instruments import instruments_for
+from compiler.ir.artifacts import AtenProgram, EagerModel, ExecutorchProgram, PlannedProgram
 from compiler.ir.errors import ResumeError, UserInputError
-from compiler.ir.report import Report
-from compiler.ir.serialize import load_stage_file
-from compiler.options import DriverOptions
+from compiler.ir.report import Override, Report
+from compiler.ir.serialize import StageFile, load_stage_file
 from compiler.stages import DEFAULT_STAGES
 
 
@@ -70,56 +71,116 @@ def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any) -> EagerM
 def run_pipeline(
     model: torch.nn.Module | None,
     example_inputs: Any = None,
-    backend: str | Backend = "portable",
+    backend: str | Backend | None = None,
     *,
     backend_options: Mapping[str, Any] | None = None,
     dynamic_shapes: Any = None,
-    **driver_options: Any,
+    config: CompileConfig | None = None,
+    **options: Any,
 ) -> PipelineRun:
     """Like `compile`, but returns the run itself: the last artifact, the report, every stage's artifact."""
-    options = DriverOptions.from_kwargs(driver_options)
-    backend_obj = backends.resolve(backend, backend_options)
-    pipeline = Pipeline(DEFAULT_STAGES)
-
-    if options.resume_from:
-        stage_file = load_stage_file(options.resume_from)
-        if stage_file.backend != backend_obj.name:
-            raise ResumeError(
-                f"{options.resume_from!r} was compiled for backend {stage_file.backend!r}, "
-                f"not {backend_obj.name!r}",
-                hint=f"resume with backend={stage_file.backend!r}",
-            )
+    given, run = split_options(options)
+    backend_obj = backend if isinstance(backend, Backend) else None
+    backend_name = backend_obj.name if backend_obj else backend
+    if backend_obj and backend_options:
+        raise UserInputError(
+            "backend_options were given with a backend object",
+            hint="build the backend object with those options instead",
+        )
+    if run.resume_from:
+        stage_file = load_stage_file(run.resume_from)
+        recorded = stage_file.config
+        chosen = _resumed_config(stage_file, config, backend_name, backend_options, given)
         artifact, start_after = stage_file.artifact, stage_file.stage
     else:
+        recorded = None
+        chosen = (config or CompileConfig()).with_options(given)
+        chosen = attrs.evolve(
+            chosen,
+            backend=backend_name or chosen.backend,
+            backend_options=chosen.backend_options if backend_options is None else backend_options,
+        )
         artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes), None
 
-    instruments, timing, verify = options.build_instruments(backend_obj.name)
-    return pipeline.run(
+    backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
+    result = Pipeline(DEFAULT_STAGES).run(
         artifact,
         backend_obj,
-        instruments,
+        chosen,
+        instruments_for(run),
         start_after=start_after,
-        stop_after=options.stop_after,
-        timing=timing,
-        verify=verify,
-        options=options,
+        stop_after=run.stop_after,
     )
+    report = attrs.evolve(
+        result.report,
+        versions=dependency_versions(),
+        resumed_from=run.resume_from,
+        overrides=_differences(recorded.to_json(), chosen.to_json()) if recorded else (),
+    )
+    return attrs.evolve(result, report=report)
+
+
+def _resumed_config(
+    stage_file: StageFile,
+    config: CompileConfig | None,
+    backend: str | None,
+    backend_options: Mapping[str, Any] | None,
+    given: Mapping[str, Any],
+) -> CompileConfig:
+    """The recorded configuration with what the caller gave on top: a whole `config`
+    replaces it, a backend option replaces that one option, a stage option that option."""
+    recorded = stage_file.config
+    chosen = (config or recorded).with_options(given)
+    if backend and backend != recorded.backend:
+        if not isinstance(stage_file.artifact, AtenProgram) or isinstance(stage_file.artifact, PlannedProgram):
+            raise ResumeError(
+                f"the stage file was planned for backend {recorded.backend!r} after {stage_file.stage}; "
+                f"it cannot go on for {backend!r}",
+                hint="resume with its own backend, or from a stage file of capture or fold",
+            )
+        chosen = attrs.evolve(chosen, backend=backend, backend_options=backend_options or {})
+    elif backend_options:
+        chosen = attrs.evolve(chosen, backend_options={**chosen.backend_options, **backend_options})
+    replayed = config is None and chosen.backend == recorded.backend
+    missing = sorted(set(stage_file.unrecorded) - set(chosen.backend_options)) if replayed else []
+    if missing:
+        raise ResumeError(
+            "the stage file could not record the backend option(s) "
+            + ", ".join(f"{name} ({stage_file.unrecorded[name]})" for name in missing),
+            hint="give them again as backend options",
+        )
+    return chosen
+
+
+def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix: str = "") -> tuple[Override, ...]:
+    """The options whose JSON differs between two configurations, by dotted name."""
+    found: list[Override] = []
+    for key in sorted(set(recorded) | set(chosen)):
+        old, new = recorded.get(key), chosen.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            found += _differences(old, new, f"{prefix}{key}.")
+        elif old != new:
+            found.append(Override(f"{prefix}{key}", old, new))
+    return tuple(found)
 
 
 def compile(
     model: torch.nn.Module | None,
     example_inputs: Any = None,
-    backend: str | Backend = "portable",
+    backend: str | Backend | None = None,
     *,
     backend_options: Mapping[str, Any] | None = None,
     dynamic_shapes: Any = None,
-    **driver_options: Any,
+    config: CompileConfig | None = None,
+    **options: Any,
 ) -> Any:
-    """Compile `model` to an ExecuTorch program for `backend`.
+    """Compile `model` to an ExecuTorch program for `backend` (default: portable).
 
     `backend_options` use the backend's own option names (those of ExecuTorch's
-    partitioner for it). Driver options are the fields of `DriverOptions`
-    (verify, dump_dir, print_after_change, stop_after, resume_from, ...).
+    partitioner for it). `options` are the stage and run options by their names
+    (`compiler.config.options()`: fold_skip_ops, dry_run_mode, stop_after, dump_dir,
+    ...), set on top of `config`. With `resume_from`, the stage file's recorded
+    configuration is the base, and what is given here overrides it.
     Returns an `Artifact`, or with `stop_after` that stage's artifact.
     """
     result = run_pipeline(
@@ -128,7 +189,8 @@ def compile(
         backend,
         backend_options=backend_options,
         dynamic_shapes=dynamic_shapes,
-        **driver_options,
+        config=config,
+        **options,
     )
     return finish(result)
 

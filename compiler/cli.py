@@ -1,7 +1,9 @@
 """`python -m compiler`: a thin layer over the Python API.
 
-Every flag maps to an API option (see `driver_options`); this module is the
-only one that prints for the user or decides an exit code.
+The option flags are generated from `compiler.config.options()` (one flag per
+option, under the option's own name), so the CLI cannot offer what the API does
+not. This module is the only one that prints for the user, spells options as
+flags, or decides an exit code.
 """
 
 from __future__ import annotations
@@ -9,16 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import traceback
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from compiler import api, backends
+from compiler import api, backends, config
 from compiler.examples import EXAMPLES, MODELS, describe, resolve_model
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.serialize import save_stage_file, can_save
 from compiler.runtime import compare_with_eager
-from compiler.stages import STAGE_NAMES
+
+RESUME = "python -m compiler compile --resume-from {path}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +36,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a built-in example (name[:key=value,...]) or path/to/file.py:factory; "
         "optional with --resume-from unless --check",
     )
-    compile_cmd.add_argument("--backend", default="portable", help=f"one of {', '.join(backends.available())}")
+    compile_cmd.add_argument(
+        "--backend",
+        choices=backends.available(),
+        help="where the program runs (default: portable; with --resume-from: the recorded one)",
+    )
     compile_cmd.add_argument(
         "--backend-option",
         action="append",
@@ -41,19 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         help="an option of the backend's partitioner (VALUE is read as JSON, else as a string)",
     )
     compile_cmd.add_argument("-o", "--output", help="write the .pte here (with --stop-after: the stage file)")
-    compile_cmd.add_argument("--dump-dir", help="write each stage's graph and resumable stage file here")
-    compile_cmd.add_argument("--print-after-change", action="store_true", help="print a stage's graph when it changed it")
-    compile_cmd.add_argument("--stop-after", choices=STAGE_NAMES, help="stop after this stage")
-    compile_cmd.add_argument("--resume-from", metavar="FILE", help="continue from a dumped .stage file")
-    compile_cmd.add_argument("--no-verify", action="store_true", help="do not check invariants after each stage")
-    compile_cmd.add_argument(
-        "--fold-skip-op", action="append", default=[], metavar="OP",
-        help="an op the fold stage must not fold (e.g. aten.t.default), added to its defaults",
-    )
-    compile_cmd.add_argument(
-        "--fold-replace-skip-ops", action="store_true", help="--fold-skip-op replaces the defaults"
-    )
-    compile_cmd.add_argument("--reproducer-dir", help="where a failing stage's input is saved (default: dump dir or a temp dir)")
+    _add_option_flags(compile_cmd)
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     compile_cmd.add_argument("--tolerance", type=float, default=1e-4, help="max abs error --check accepts")
     compile_cmd.add_argument("--report-json", metavar="FILE", help="also write the report as JSON")
@@ -77,6 +73,46 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_option_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per option of `compiler.config.options()`. Flags left out are absent from
+    the parsed namespace (SUPPRESS), so a resume can tell what was given from a default."""
+    for spec in config.options():
+        kwargs: dict[str, Any] = {"dest": spec.name, "default": argparse.SUPPRESS, "help": spec.flag_help}
+        if spec.kind is bool:
+            kwargs["action"] = "store_false" if spec.default is True else "store_true"
+        else:
+            kwargs.update(type=spec.kind, metavar=spec.metavar, choices=spec.choices or None)
+            if spec.repeated:
+                kwargs["action"] = "append"
+        parser.add_argument(spec.flag, **kwargs)
+
+
+def _flags(options: Mapping[str, Any]) -> str:
+    """Options by their configuration names, as the flags that set them."""
+    specs = {spec.name: spec for spec in config.options()}
+    shown = []
+    for name, value in options.items():
+        spec = specs.get(name)
+        if name == "backend":
+            shown.append(f"--backend {value}")
+        elif spec is None:
+            shown.append(f"--backend-option {name}={json.dumps(value)}")
+        elif spec.kind is bool:
+            if value != spec.default:
+                shown.append(spec.flag)
+        else:
+            values = value if spec.repeated else [value]
+            shown += [f"{spec.flag} {shlex.quote(str(v))}" for v in values]
+    return " ".join(shown)
+
+
+def render_error(error: CompileError) -> str:
+    text = error.render(_flags, RESUME)
+    if error.__cause__ is not None:
+        text += "\n  --traceback shows where it failed"
+    return text
+
+
 def _backend_options(items: Sequence[str]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for item in items:
@@ -90,37 +126,34 @@ def _backend_options(items: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def driver_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The API's driver options, from the parsed flags (one flag, one option)."""
-    return {
-        "verify": not args.no_verify,
-        "dump_dir": args.dump_dir,
-        "print_after_change": sys.stdout if args.print_after_change else False,
-        "stop_after": args.stop_after,
-        "resume_from": args.resume_from,
-        "reproducer_dir": args.reproducer_dir,
-        "fold_skip_ops": args.fold_skip_op,
-        "fold_replace_skip_ops": args.fold_replace_skip_ops,
-    }
+def given_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options the flags gave, by their configuration names (left-out flags are absent)."""
+    given = {spec.name: getattr(args, spec.name) for spec in config.options() if hasattr(args, spec.name)}
+    if given.get("print_after_change"):
+        given["print_after_change"] = sys.stdout
+    return given
 
 
 def _compile(args: argparse.Namespace) -> int:
-    if not args.model and not args.resume_from:
+    resume_from = getattr(args, "resume_from", None)
+    if not args.model and not resume_from:
         raise UserInputError("compile needs a MODEL (or --resume-from FILE)", hint="see `python -m compiler examples`")
     if args.check and not args.model:
         raise UserInputError("--check needs the MODEL to compare with", hint="pass MODEL along with --resume-from")
     module, inputs, dynamic_shapes = resolve_model(args.model) if args.model else (None, None, None)
-    use_model = not args.resume_from
+    use_model = not resume_from
     run = api.run_pipeline(
         module if use_model else None,
         inputs if use_model else None,
         args.backend,
-        backend_options=_backend_options(args.backend_option),
+        backend_options=_backend_options(args.backend_option) or None,
         dynamic_shapes=dynamic_shapes,
-        **driver_options(args),
+        **given_options(args),
     )
     result = api.finish(run)
 
+    if run.report.resumed_from:
+        print(run.report.format_resume() + "\n")
     print(run.report.format_stages())
     if run.report.placement:
         print()
@@ -146,7 +179,7 @@ def _compile(args: argparse.Namespace) -> int:
     else:
         stage = run.report.stages[-1].stage
         if args.output and can_save(result):
-            save_stage_file(args.output, result, stage, args.backend)
+            save_stage_file(args.output, result, stage, run.config)
             print(f"\nstopped after {stage}; wrote {args.output}")
         else:
             print(f"\nstopped after {stage}")
@@ -188,5 +221,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CompileError as error:
         if args.traceback:
             traceback.print_exc()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {render_error(error)}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 """Builds a pipeline of typed stages and runs it with instruments around each stage.
 
 The loop is IREE's: skip the stages before the resume point, run each stage
-between before/after hooks, return at `stop_after`.
+between before/after hooks with its own options, return at `stop_after`. It
+knows no instrument by type: each stage's report row is what the instruments
+recorded for it, plus the numbers the stage itself reported.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from compiler.backends.base import Backend
-from compiler.instruments import Instrument, Timing, VerifyEach
+from compiler.config import CompileConfig
+from compiler.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
 from compiler.ir.report import Report, StageRecord
 from compiler.stages.base import Stage, StageContext
@@ -22,6 +25,7 @@ class PipelineRun:
     result: Any  # the artifact of the last stage that ran
     report: Report
     artifacts: Mapping[str, Any]  # stage name -> the artifact it returned
+    config: CompileConfig  # the configuration the run used
 
 
 class Pipeline:
@@ -40,13 +44,11 @@ class Pipeline:
         self,
         artifact: Any,
         backend: Backend,
+        config: CompileConfig,
         instruments: Sequence[Instrument] = (),
         *,
         start_after: str | None = None,
         stop_after: str | None = None,
-        timing: Timing | None = None,
-        verify: VerifyEach | None = None,
-        options: Any = None,
     ) -> PipelineRun:
         start = self.names.index(start_after) + 1 if start_after else 0
         stop = self.names.index(stop_after) if stop_after else len(self.stages) - 1
@@ -63,31 +65,21 @@ class Pipeline:
                 hint="resume from a stage file written by the stage before it",
             )
 
+        for instrument in instruments:
+            instrument.before_pipeline(config, self.names, artifact)
         records: list[StageRecord] = []
         artifacts: dict[str, Any] = {}
-        after = artifact_stats(artifact)
         for stage in self.stages[start : stop + 1]:
-            ctx = StageContext(backend, options)
-            output = self._run_stage(stage, artifact, ctx, instruments)
-            before, after = after, artifact_stats(output)
-            records.append(
-                StageRecord(
-                    stage=stage.name,
-                    seconds=timing.seconds.get(stage.name, 0.0) if timing else 0.0,
-                    verify_seconds=verify.seconds.get(stage.name, 0.0) if verify else 0.0,
-                    nodes_in=before.nodes if before else None,
-                    nodes_out=after.nodes if after else None,
-                    delegates=after.delegates if after else None,
-                    cpu_ops=after.cpu_ops if after else None,
-                    metrics=dict(ctx.metrics),
-                )
-            )
-            artifacts[stage.name] = output
-            artifact = output
+            ctx = StageContext(backend, config.options_for(stage.name))
+            artifact = self._run_stage(stage, artifact, ctx, instruments)
+            records.append(_stage_record(stage.name, ctx.metrics, instruments))
+            artifacts[stage.name] = artifact
+        for instrument in reversed(instruments):
+            instrument.after_pipeline(artifact)
 
         plan = getattr(artifact, "plan", None)
-        report = Report(tuple(records), plan.summary() if plan else ())
-        return PipelineRun(artifact, report, artifacts)
+        report = Report(tuple(records), plan.summary() if plan else (), config.to_json())
+        return PipelineRun(artifact, report, artifacts, config)
 
     @staticmethod
     def _run_stage(stage: Stage, artifact: Any, ctx: StageContext, instruments: Sequence[Instrument]) -> Any:
@@ -105,8 +97,7 @@ class Pipeline:
             failure = StageFailure(
                 f"stage {stage.name!r} failed: {type(exc).__name__}: {exc}",
                 stage=stage.name,
-                hint="run with --traceback (or look at __cause__) for where it failed; "
-                "report it with the saved stage input",
+                hint="the chained exception shows where it failed; report it with the saved stage input",
             )
             failure.__cause__ = exc
         for instrument in reversed(instruments):
@@ -114,6 +105,13 @@ class Pipeline:
         raise failure
 
 
-def artifact_stats(artifact: Any):
-    stats = getattr(artifact, "stats", None)
-    return stats() if stats else None
+_RECORD_FIELDS = frozenset(attrs.fields_dict(StageRecord)) - {"stage", "metrics"}
+
+
+def _stage_record(stage: str, metrics: dict[str, Any], instruments: Sequence[Instrument]) -> StageRecord:
+    fields: dict[str, Any] = {}
+    notes = dict(metrics)
+    for instrument in instruments:
+        for key, value in instrument.record(stage).items():
+            (fields if key in _RECORD_FIELDS else notes)[key] = value
+    return StageRecord(stage=stage, metrics=notes, **fields)

@@ -1,22 +1,23 @@
-"""Instruments: one small hook interface around every stage.
+"""Instruments: one small hook interface around the pipeline and every stage.
 
-Timing, verify-each, dumping, print-after-change and the crash reproducer are
-all instruments, like MLIR's PassInstrumentation: the driver's loop only calls
-the hooks. `before_stage` hooks run in registration order, `after_stage` and
-`on_failure` hooks in reverse, so the first instrument registered wraps all
-the others.
+Timing, verify-each, node counts, dumping, print-after-change and the crash
+reproducer are all instruments, like MLIR's PassInstrumentation: the driver's
+loop only calls the hooks, and builds each stage's report row from what the
+instruments `record`. `before_*` hooks run in registration order, `after_*` and
+`on_failure` hooks in reverse, so the first instrument registered wraps all the
+others.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 import tempfile
 import time
-from typing import Any, TextIO
+from typing import Any, Mapping, TextIO
 
+from compiler.config import CompileConfig, RunOptions
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import CompileError
 from compiler.ir.serialize import SUFFIX, can_save, save_stage_file
@@ -27,6 +28,9 @@ logger = logging.getLogger(__name__)
 class Instrument:
     """Subclass and override the hooks you need; each default does nothing."""
 
+    def before_pipeline(self, config: CompileConfig, stages: tuple[str, ...], artifact: Any) -> None:
+        """`stages`: the names of the pipeline's stages, in order (also those a resume skips)."""
+
     def before_stage(self, stage: str, artifact: Any) -> None:
         pass
 
@@ -35,6 +39,14 @@ class Instrument:
 
     def on_failure(self, stage: str, artifact: Any, error: CompileError) -> None:
         pass
+
+    def after_pipeline(self, result: Any) -> None:
+        pass
+
+    def record(self, stage: str) -> Mapping[str, Any]:
+        """What this instrument has for `stage`'s row of the report: fields of
+        `StageRecord` (`seconds`, `nodes_out`, ...); any other key lands in its notes."""
+        return {}
 
 
 class Timing(Instrument):
@@ -52,6 +64,33 @@ class Timing(Instrument):
 
     def on_failure(self, stage, artifact, error):
         self.seconds[stage] = time.perf_counter() - self._start
+
+    def record(self, stage):
+        return {"seconds": self.seconds.get(stage, 0.0)}
+
+
+class CountNodes(Instrument):
+    """Node, delegate and CPU-op counts of each stage's input and output."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int | None]] = {}
+
+    def after_stage(self, stage, before, after):
+        old, new = _stats(before), _stats(after)
+        self.counts[stage] = {
+            "nodes_in": old.nodes if old else None,
+            "nodes_out": new.nodes if new else None,
+            "delegates": new.delegates if new else None,
+            "cpu_ops": new.cpu_ops if new else None,
+        }
+
+    def record(self, stage):
+        return self.counts.get(stage, {})
+
+
+def _stats(artifact: Any):
+    stats = getattr(artifact, "stats", None)
+    return stats() if stats else None
 
 
 class VerifyEach(Instrument):
@@ -79,16 +118,23 @@ class VerifyEach(Instrument):
         finally:
             self.seconds[stage] = time.perf_counter() - start
 
+    def record(self, stage):
+        return {"verify_seconds": self.seconds.get(stage, 0.0)}
+
 
 class DumpStages(Instrument):
     """Writes `<NN>-<stage>.txt` (readable graph) and `<NN>-<stage>.stage` (resumable) per stage."""
 
-    def __init__(self, directory: str | os.PathLike, backend: str, stage_names: tuple[str, ...]) -> None:
+    def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = os.fspath(directory)
-        self.backend = backend
-        self.index = {name: i for i, name in enumerate(stage_names, start=1)}
+        self.index: dict[str, int] = {}
         self.failures: list[CompileError] = []  # stage files that could not be written
+        self.config: CompileConfig | None = None
         os.makedirs(self.directory, exist_ok=True)
+
+    def before_pipeline(self, config, stages, artifact):
+        self.config = config
+        self.index = {name: i for i, name in enumerate(stages, start=1)}
 
     def path(self, stage: str, suffix: str) -> str:
         return os.path.join(self.directory, f"{self.index[stage]:02d}-{stage}{suffix}")
@@ -108,7 +154,7 @@ class DumpStages(Instrument):
         `.stage` file (the `.txt` is written), never the compile the user asked for."""
         path = self.path(stage, SUFFIX)
         try:
-            save_stage_file(path, artifact, stage, self.backend)
+            save_stage_file(path, artifact, stage, self.config)
         except Exception as exc:
             if os.path.exists(path):
                 os.remove(path)  # a half-written file would only fail later, at resume
@@ -140,35 +186,46 @@ class PrintAfterChange(Instrument):
 
 
 class CrashReproducer(Instrument):
-    """On a failure, saves the failing stage's input and attaches the command that resumes from it."""
+    """On a failure, saves the failing stage's input (with the run's configuration, so the
+    file alone replays the run) and names it on the error."""
 
-    def __init__(
-        self,
-        directory: str | os.PathLike | None,
-        backend: str,
-        stage_names: tuple[str, ...],
-        command: str = "python -m compiler compile",
-    ) -> None:
+    def __init__(self, directory: str | os.PathLike | None) -> None:
         self.directory = os.fspath(directory) if directory else None
-        self.backend = backend
-        self.stage_names = stage_names
-        self.command = command
+        self.config: CompileConfig | None = None
+        self.stages: tuple[str, ...] = ()
+
+    def before_pipeline(self, config, stages, artifact):
+        self.config, self.stages = config, stages
 
     def on_failure(self, stage, artifact, error):
-        position = self.stage_names.index(stage)
+        position = self.stages.index(stage)
         if position == 0 or not can_save(artifact):
             return  # the input is the user's own model: nothing of theirs to lose
-        produced_by = self.stage_names[position - 1]
+        produced_by = self.stages[position - 1]
         directory = self.directory or tempfile.mkdtemp(prefix="compiler-crash-")
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"{produced_by}{SUFFIX}")
         try:
-            save_stage_file(path, artifact, produced_by, self.backend)
+            save_stage_file(path, artifact, produced_by, self.config)
         except Exception:  # a reproducer must never hide the original error
             logger.exception("could not save the reproducer for stage %s", stage)
             return
         error.reproducer_path = path
-        error.resume_command = (
-            f"{self.command} --resume-from {shlex.quote(path)} --backend {shlex.quote(self.backend)}"
-            " -o out.pte"
-        )
+
+
+def instruments_for(run: RunOptions) -> list[Instrument]:
+    """The instruments a run's options ask for, outermost first: the reproducer wraps
+    everything, timing is innermost so it times the stage alone."""
+    instruments: list[Instrument] = []
+    if run.reproducer:
+        instruments.append(CrashReproducer(run.reproducer_dir or run.dump_dir))
+    instruments.extend(run.instruments)
+    if run.dump_dir:
+        instruments.append(DumpStages(os.path.expanduser(run.dump_dir)))
+    if run.print_after_change:
+        instruments.append(PrintAfterChange(None if run.print_after_change is True else run.print_after_change))
+    instruments.append(CountNodes())
+    if run.verify:
+        instruments.append(VerifyEach())
+    instruments.append(Timing())
+    return instruments

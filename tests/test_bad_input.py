@@ -44,10 +44,20 @@ def test_unknown_backend(small_model):
     assert "unknown backend 'tpu'" in str(err.value) and "xnnpack" in err.value.hint
 
 
-def test_unknown_backend_option(small_model):
+@pytest.mark.parametrize(
+    "backend, options, listed",
+    [
+        ("portable", {"fast": True}, "none"),
+        ("xnnpack", {"bogus_key": 1}, "per_op_mode"),  # XnnpackPartitioner(**kwargs) takes anything
+        ("coreml", {"minimum_target": "iOS18"}, "minimum_deployment_target"),
+    ],
+)
+def test_unknown_backend_option_is_named_with_the_valid_ones(small_model, backend, options, listed):
     model, inputs = small_model
-    with pytest.raises(UserInputError, match="does not take these options"):
-        compiler.compile(model, inputs, "portable", backend_options={"fast": True})
+    with pytest.raises(UserInputError) as err:
+        compiler.compile(model, inputs, backend, backend_options=options)
+    assert f"the {backend} backend has no option {next(iter(options))!r}" in str(err.value)
+    assert listed in err.value.hint
 
 
 def test_unknown_stage_name(small_model):
@@ -59,8 +69,9 @@ def test_unknown_stage_name(small_model):
 
 def test_unknown_driver_option(small_model):
     model, inputs = small_model
-    with pytest.raises(UserInputError, match="unknown driver option"):
-        compiler.compile(model, inputs, dump="x")
+    with pytest.raises(UserInputError, match="unknown option.*: dump") as err:
+        compiler.compile(model, inputs, dump="x", fold_skip_op="aten.t.default")
+    assert "fold_skip_op" in str(err.value) and "dump_dir" in err.value.hint and "fold_skip_ops" in err.value.hint
 
 
 def test_resume_file_that_does_not_exist(tmp_path):
@@ -100,11 +111,19 @@ def test_resume_file_from_a_later_stage_than_stop_after(small_model, tmp_path):
         compiler.compile(None, None, resume_from=str(tmp_path / "05-partition.stage"), stop_after="decompose")
 
 
-def test_resume_file_from_another_backend(small_model, tmp_path):
+def test_a_stage_file_planned_for_one_backend_cannot_go_on_for_another(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, "xnnpack", stop_after="partition", dump_dir=tmp_path)
-    with pytest.raises(ResumeError, match="backend 'xnnpack', not 'portable'"):
+    with pytest.raises(ResumeError, match="planned for backend 'xnnpack' after partition; it cannot go on for 'portable'"):
         compiler.compile(None, None, "portable", resume_from=str(tmp_path / "05-partition.stage"))
+
+
+def test_a_captured_program_can_go_on_for_another_backend_and_the_report_says_so(small_model, tmp_path):
+    model, inputs = small_model
+    compiler.compile(model, inputs, "xnnpack", stop_after="fold", dump_dir=tmp_path)
+    artifact = compiler.compile(None, None, "portable", resume_from=str(tmp_path / "02-fold.stage"))
+    assert artifact.report.config["backend"] == "portable" and not artifact.program.delegates
+    assert [str(o) for o in artifact.report.overrides] == ["backend: 'xnnpack' -> 'portable'"]
 
 
 def test_every_error_is_a_compile_error():

@@ -49,16 +49,29 @@ def test_example_arguments(capsys):
     [
         (["compile", "nosuchmodel"], "neither a built-in example"),
         (["compile", "missing.py:make"], "does not exist"),
-        (["compile", "mlp", "--backend", "tpu"], "unknown backend"),
         (["compile", "--resume-from", "nope.stage"], "does not exist"),
         (["compile"], "needs a MODEL"),
-        (["compile", "mlp", "--fold-skip-op", "aten.nope.default"], "names no operator"),
+        (["compile", "mlp", "--fold-skip-ops", "aten.nope.default"], "names no operator"),
     ],
 )
 def test_bad_input_exits_nonzero_without_traceback(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compile", "mlp", "--backend", "tpu"], "invalid choice: 'tpu'"),
+        (["compile", "mlp", "--dry-run-mode", "sometimes"], "invalid choice: 'sometimes'"),
+        (["compile", "mlp", "--stop-after", "optimize"], "invalid choice: 'optimize'"),
+    ],
+)
+def test_option_values_are_checked_by_the_flag_parser(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_stop_after_and_resume_from_the_command_line(capsys, tmp_path):

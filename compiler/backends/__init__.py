@@ -58,12 +58,19 @@ def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) ->
         )
     module_name, class_name = _REGISTRY[backend].split(":")
     backend_class = getattr(importlib.import_module(module_name), class_name)
+    known = backend_class.option_names()
+    unknown = sorted(set(options or {}) - set(known))
+    if unknown:
+        raise UserInputError(
+            f"the {backend} backend has no option {', '.join(map(repr, unknown))}",
+            hint=f"its options are: {', '.join(known) or 'none'}",
+        )
     try:
         return backend_class(**dict(options or {}))
     except TypeError as exc:
         raise UserInputError(
             f"backend {backend!r} does not take these options: {exc}",
-            hint=f"see the option names of {class_name}",
+            hint=f"its options are: {', '.join(known) or 'none'}",
         ) from exc
 
 

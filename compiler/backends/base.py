@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 from typing import Callable, ClassVar, ContextManager, Mapping
 
 import attrs
@@ -40,6 +41,13 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     # Dtypes this backend cannot take as a delegate input (Core ML: uint8, int8, ...).
     refused_input_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The options this backend takes (by default, its constructor's keyword parameters;
+        a backend that passes `**options` on to a partitioner names that partitioner's)."""
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        return tuple(p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
         return KeepWhole()

@@ -92,26 +92,16 @@ class KeepWholePlan:
 
 @attrs.frozen
 class PlannedProgram(AtenProgram):
-    """An ATen program with the dry run's answer: which of its nodes to keep whole.
-
-    `decomposed` is the dry run's own Edge program when it kept exactly the planned
-    nodes, so the decompose stage need not decompose again (not saved in stage files).
-    """
+    """An ATen program with the dry run's answer: which of its nodes to keep whole."""
 
     keep_whole: KeepWholePlan = attrs.field(factory=KeepWholePlan)
-    decomposed: "EdgeProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen
 class EdgeProgram(_ExportedArtifact):
-    """A program in the Edge dialect; `preserved_ops` were kept whole for the backend.
-
-    `partitioned` is the dry run's partition search on this very program, which the
-    partition stage then reuses (not saved in stage files).
-    """
+    """A program in the Edge dialect; `preserved_ops` were kept whole for the backend."""
 
     preserved_ops: tuple[str, ...] = ()
-    partitioned: "PartitionedProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
     dialect: ClassVar[str] = EDGE
     invariants: ClassVar[tuple] = (

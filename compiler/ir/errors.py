@@ -6,7 +6,7 @@ and what to do next, so the CLI can render it once and tests can assert on it.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 
 class CompileError(Exception):
@@ -19,31 +19,43 @@ class CompileError(Exception):
         stage: Optional[str] = None,
         nodes: Iterable[str] = (),
         hint: Optional[str] = None,
+        suggest: Mapping[str, Any] | None = None,
     ):
         self.reason = reason
         self.stage = stage
         self.nodes = tuple(nodes)
         self.hint = hint
-        # Filled by the crash reproducer: where the failing stage's input was
-        # saved and the command that resumes from it.
+        # Options that would get past this error, by their configuration names
+        # (`backend`, `fold_skip_ops`, a backend option): each front end shows them in
+        # its own terms (the CLI as flags, the API as keywords).
+        self.suggest = dict(suggest or {})
+        # Filled by the crash reproducer: where the failing stage's input was saved.
         self.reproducer_path: Optional[str] = None
-        self.resume_command: Optional[str] = None
         super().__init__(reason)
 
     def __str__(self) -> str:
+        return self.render(_as_keywords, "compiler.compile(None, resume_from={path!r})")
+
+    def render(self, show_options, resume: str) -> str:
+        """The error as text; `show_options(mapping)` spells suggested options, `resume`
+        (formatted with `path`) is how to continue from the saved stage input."""
         where = f"[{self.stage}] " if self.stage else ""
         lines = [f"{where}{self.reason}"]
         if self.nodes:
             shown = ", ".join(self.nodes[:10])
             more = f" (+{len(self.nodes) - 10} more)" if len(self.nodes) > 10 else ""
             lines.append(f"  nodes: {shown}{more}")
-        if self.hint:
-            lines.append(f"  what to do: {self.hint}")
+        if self.hint or self.suggest:
+            shown = f" ({show_options(self.suggest)})" if self.suggest else ""
+            lines.append(f"  what to do: {self.hint or 'set'}{shown}")
         if self.reproducer_path:
             lines.append(f"  the stage input was saved to {self.reproducer_path}")
-        if self.resume_command:
-            lines.append(f"  resume with: {self.resume_command}")
+            lines.append(f"  resume with: {resume.format(path=self.reproducer_path)}")
         return "\n".join(lines)
+
+
+def _as_keywords(options: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in options.items())
 
 
 class UserInputError(CompileError):

@@ -1,4 +1,5 @@
-"""The compile report: per-stage timing and node counts, and the placement summary."""
+"""The compile report: per-stage timing and node counts, the placement summary, and the
+configuration the run used (with what a resume changed)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,28 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 @attrs.frozen
+class Override:
+    """An option of a resumed run that differs from the one its stage file recorded."""
+
+    option: str
+    recorded: Any
+    given: Any
+
+    def __str__(self) -> str:
+        return f"{self.option}: {self.recorded!r} -> {self.given!r}"
+
+
+@attrs.frozen
 class Report:
     stages: tuple[StageRecord, ...] = ()
     placement: tuple[OpSummary, ...] = ()
+    # The compile configuration (as JSON) and the dependency versions the run used.
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    versions: Mapping[str, Any] = attrs.field(factory=dict)
+    # Set when the run resumed from a stage file: its path, and the options given that
+    # differ from those it recorded.
+    resumed_from: str | None = None
+    overrides: tuple[Override, ...] = ()
 
     def stage(self, name: str) -> StageRecord:
         for record in self.stages:
@@ -76,8 +96,20 @@ class Report:
         rows = [[s.op, str(s.count), s.where, s.reason] for s in self.placement]
         return _table(header, rows)
 
+    def format_resume(self) -> str:
+        """What a resumed run replayed and what it changed ("" when it did not resume)."""
+        if not self.resumed_from:
+            return ""
+        lines = [f"resumed from {self.resumed_from} with its recorded configuration (backend {self.config.get('backend')})"]
+        lines += [f"  overridden: {o}" for o in self.overrides]
+        return "\n".join(lines)
+
     def to_json(self) -> dict:
         return {
+            "config": dict(self.config),
+            "versions": dict(self.versions),
+            "resumed_from": self.resumed_from,
+            "overrides": [attrs.asdict(o) for o in self.overrides],
             "stages": [attrs.asdict(r) for r in self.stages],
             "placement": [attrs.asdict(s) for s in self.placement],
         }

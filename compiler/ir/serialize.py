@@ -2,7 +2,8 @@
 
 A stage file is ExecuTorch's serialized ExportedProgram (a zip) with one more
 member, a JSON manifest naming the artifact type, the stage that produced it,
-the backend, and what the graph alone cannot carry (the placement plan, the
+the whole compile configuration and the dependency versions (so the file alone
+replays the run), and what the graph alone cannot carry (the placement plan, the
 ops kept whole, which values are symbolic floats). Delegation tags live in node
 metadata, which serialization drops, so they are re-applied from the plan on load.
 """
@@ -15,7 +16,7 @@ import logging
 import operator
 import os
 import zipfile
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import attrs
 import torch
@@ -27,6 +28,7 @@ from executorch.exir.serde.serialize import load as load_program
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from executorch.exir.serde.serialize import save as save_program
 
+from compiler.config import CompileConfig, dependency_versions
 from compiler.ir.artifacts import (
     AtenProgram,
     EdgeProgram,
@@ -43,7 +45,7 @@ from compiler.ir.placement import PlacementPlan
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "compiler_manifest.json"
 SUFFIX = ".stage"
 
@@ -57,19 +59,23 @@ RESUMABLE_TYPES = {
 class StageFile:
     artifact: Any
     stage: str  # the stage that produced the artifact; a resume continues after it
-    backend: str
+    config: CompileConfig  # the configuration of the run that wrote it
+    versions: Mapping[str, Any]  # the dependency versions that run used
+    # Backend options the file could not record (name -> repr): a resume must give them.
+    unrecorded: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def can_save(artifact: Any) -> bool:
     return type(artifact).__name__ in RESUMABLE_TYPES
 
 
-def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend: str) -> None:
+def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, config: CompileConfig) -> None:
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "artifact": type(artifact).__name__,
         "stage": stage,
-        "backend": backend,
+        "config": config.to_json(),
+        "versions": dependency_versions(),
     }
     if hasattr(artifact, "preserved_ops"):
         manifest["preserved_ops"] = list(artifact.preserved_ops)
@@ -86,13 +92,16 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, backend:
         n.name: len(n.args) for n in artifact.program.graph.nodes if n.op == "call_function"
     }
     manifest["symbolic_floats"] = [n.name for n in _symbolic_float_nodes(artifact.program)]
+    manifest["requires_grad"] = [
+        n.name for n in artifact.program.graph.nodes if getattr(n.meta.get("val"), "requires_grad", False)
+    ]
     with _symbolic_floats_as_placeholder_ints(artifact.program):
         save_program(artifact.program, os.fspath(path), extra_files={MANIFEST: json.dumps(manifest)})
 
 
 def load_stage_file(path: str | os.PathLike) -> StageFile:
     path = os.fspath(path)
-    hint = "pass a .stage file written by --dump-dir or by the crash reproducer"
+    hint = "pass a .stage file written by a dump of the stages (dump_dir) or by the crash reproducer"
     if not os.path.isfile(path):
         raise ResumeError(f"resume file {path!r} does not exist", hint=hint)
     try:
@@ -113,8 +122,16 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
 
     if manifest.get("format") != FORMAT_VERSION or manifest.get("artifact") not in RESUMABLE_TYPES:
         raise ResumeError(f"resume file {path!r} has an unknown format {manifest.get('format')!r}", hint=hint)
+    try:
+        config = CompileConfig.from_json(manifest["config"])
+    except Exception as exc:
+        raise ResumeError(
+            f"resume file {path!r} records a configuration this version cannot read: {type(exc).__name__}: {exc}",
+            hint=hint,
+        ) from exc
     _restore_placeholder_names(program, manifest.get("placeholders", []), manifest.get("forward_arg_names"))
     _restore_symbolic_floats(program, manifest.get("symbolic_floats", []))
+    _restore_requires_grad(program, manifest["requires_grad"])
     _restore_positional_args(program, manifest.get("positional_args", {}))
     _drop_unused_tuple_accesses(program)
     artifact_type = RESUMABLE_TYPES[manifest["artifact"]]
@@ -130,7 +147,8 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
         plan = PlacementPlan.from_json(manifest["plan"])
         _restore_tags(program, plan.tags())
         fields["plan"] = plan
-    return StageFile(artifact_type(**fields), manifest["stage"], manifest["backend"])
+    unrecorded = manifest["config"].get("unrecorded", {})
+    return StageFile(artifact_type(**fields), manifest["stage"], config, manifest["versions"], unrecorded)
 
 
 def _symbolic_float_nodes(program) -> list[torch.fx.Node]:
@@ -166,7 +184,7 @@ def _restore_symbolic_floats(program, names: list[str]) -> None:
         raise ResumeError(
             "the stage file names symbolic float nodes its graph lacks: "
             f"{sorted(wanted - {n.name for n in nodes})}",
-            hint="the file is corrupt or from another version; re-create it with --dump-dir",
+            hint="the file is corrupt or from another version; dump the stages again",
         )
     if not nodes:
         return
@@ -182,6 +200,15 @@ def _restore_symbolic_floats(program, names: list[str]) -> None:
             value = node.target(*(a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in node.args))
         node.meta["val"] = value
     logger.debug("restored %d symbolic floats", len(nodes))
+
+
+def _restore_requires_grad(program, names: list[str]) -> None:
+    """The deserializer makes every value's fake tensor not require grad; the emitter writes
+    the flag into the `.pte` (parameters keep it), so a resumed run would emit other bytes."""
+    wanted = set(names)
+    for node in program.graph.nodes:
+        if node.name in wanted:
+            node.meta["val"].requires_grad_(True)
 
 
 def _restore_positional_args(program, positional: dict[str, int]) -> None:

@@ -1,10 +1,10 @@
-"""The stages, in pipeline order. This order is the one registry of stage names:
+"""The stages, in pipeline order (the order `compiler.config.STAGE_NAMES` registers):
 it drives `stop_after`, `resume_from`, the dump file names and the CLI choices.
 """
 
 from __future__ import annotations
 
-from compiler.ir.errors import UserInputError
+from compiler.config import STAGE_NAMES, STAGE_OPTIONS, NoOptions
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.capture import Capture
 from compiler.stages.decompose import Decompose
@@ -26,16 +26,8 @@ DEFAULT_STAGES: tuple[Stage, ...] = (
     Emit(),
 )
 
-STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in DEFAULT_STAGES)
+assert tuple(s.name for s in DEFAULT_STAGES) == STAGE_NAMES, "compiler.config.STAGE_NAMES is the pipeline's order"
+assert all(s.options is STAGE_OPTIONS.get(s.name, NoOptions) for s in DEFAULT_STAGES), "a stage's options are registered"
 
 
-def check_stage_name(name: str, option: str) -> str:
-    if name not in STAGE_NAMES:
-        raise UserInputError(
-            f"unknown stage {name!r} for {option}",
-            hint=f"use one of: {', '.join(STAGE_NAMES)}",
-        )
-    return name
-
-
-__all__ = ["DEFAULT_STAGES", "STAGE_NAMES", "Stage", "StageContext", "check_stage_name"]
+__all__ = ["DEFAULT_STAGES", "STAGE_NAMES", "Stage", "StageContext"]

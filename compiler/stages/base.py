@@ -1,4 +1,4 @@
-"""What every stage is: a name, the artifact type it takes, the one it returns, a run."""
+"""What every stage is: a name, the artifact type it takes, the one it returns, its options, a run."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from typing import Any, ClassVar
 import attrs
 
 from compiler.backends.base import Backend
+from compiler.config import NoOptions
 
 
 @attrs.define
 class StageContext:
-    """What a stage may use besides its input: the backend, the driver options, and a place
+    """What a stage may use besides its input: the backend, its own options, and a place
     for its numbers."""
 
     backend: Backend
-    # The run's `DriverOptions` (stage options such as `fold_skip_ops` live there); None: defaults.
-    options: Any = None
+    # This stage's options: an instance of the stage's `options` class.
+    options: Any = attrs.field(factory=NoOptions)
     # Numbers the stage wants in the report (e.g. constants folded); filled by `run`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
 
@@ -26,6 +27,8 @@ class Stage(abc.ABC):
     name: ClassVar[str]
     takes: ClassVar[type]
     returns: ClassVar[type]
+    # The options this stage reads (a frozen attrs class from compiler.config).
+    options: ClassVar[type] = NoOptions
 
     @abc.abstractmethod
     def run(self, artifact: Any, ctx: StageContext) -> Any:

@@ -71,6 +71,7 @@ from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
+from compiler.config import CaptureOptions
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -266,6 +267,7 @@ class Capture(Stage):
     name = "capture"
     takes = EagerModel
     returns = AtenProgram
+    options = CaptureOptions
 
     def run(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
         try:
@@ -274,7 +276,7 @@ class Capture(Stage):
                     model.module,
                     model.example_inputs,
                     dynamic_shapes=model.dynamic_shapes,
-                    strict=False,
+                    strict=ctx.options.strict,
                 )
         except Exception as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -283,7 +285,7 @@ class Capture(Stage):
                 f"{type(exc).__name__}: {first_line}",
                 stage=self.name,
                 hint="make forward() traceable (no data-dependent Python control flow, "
-                "no unsupported Python objects); run with --traceback for the full export error",
+                "no unsupported Python objects); the chained exception is the full export error",
             ) from exc
         return_types_as_tuples(program)
         buffers = mutated_constants_as_buffers(program)

@@ -371,7 +371,4 @@ class Decompose(Stage):
     returns = EdgeProgram
 
     def run(self, planned: PlannedProgram, ctx: StageContext) -> EdgeProgram:
-        if planned.decomposed is not None:
-            ctx.metrics["reused"] = "dry run"
-            return planned.decomposed
         return to_edge_program(planned.program, planned.keep_whole.nodes)

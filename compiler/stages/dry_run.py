@@ -23,15 +23,13 @@ passes a Python number where its schema takes a Tensor (`div.Tensor_mode(i, 3)`)
 
 from __future__ import annotations
 
-import time
-
-import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.backends.base import Backend, KeepWhole
-from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
+from compiler.config import DryRunOptions
+from compiler.ir.artifacts import AtenProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
@@ -118,19 +116,10 @@ def _aten_origin(node: torch.fx.Node) -> str:
     return source.name
 
 
-@attrs.frozen
-class DryRunResult:
-    dropped: dict[str, str]  # ATen node name -> why it is decomposed after all
-    # The dry run's Edge program, as the decompose stage would make it, carrying the
-    # partition search on it for the partition stage.
-    decomposed: EdgeProgram
-    reusable_seconds: float  # the part of the dry run the later stages reuse
-
-
-def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> DryRunResult:
-    """Decompose as the decompose stage will, partition, and say which kept nodes to drop and why."""
+def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> dict[str, str]:
+    """Decompose as the decompose stage will, partition, and say which kept nodes to drop
+    (ATen node name -> why it is decomposed after all)."""
     names = {n.name for n in kept}
-    start = time.perf_counter()
     edge = to_edge_program(program, names)
     # The search runs on a copy (the backend may rewrite what it partitions, as Core ML
     # does with rank-6 chains), so the Edge program stays a pure decomposition.
@@ -145,37 +134,45 @@ def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node
         kernel = missing_kernel(node.target)
         if kernel:
             dropped[origin] = f"would run on the CPU ({where.reason}) where the runtime has no {kernel}"
-    reusable_seconds = time.perf_counter() - start
-    return DryRunResult(dropped, attrs.evolve(edge, partitioned=searched), reusable_seconds)
+    return dropped
+
+
+def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], mode: str) -> tuple[str | None, str | None]:
+    """(why the dry run can be skipped, why it must run): exactly one is None."""
+    if mode == "never":
+        return "dry_run_mode is never", None
+    if not kept:
+        return "nothing to keep whole", None
+    if mode == "always":
+        return None, "dry_run_mode is always"
+    if not any(missing_kernel(n.target) for n in kept):
+        return "every kept op has a CPU kernel", None
+    because = backend.dry_run_needed(program, kept)
+    return (None, because) if because else (f"the {backend.name} backend takes every kept op", None)
 
 
 class DryRun(Stage):
+    """Its answer is the keep-whole plan on the artifact it returns (saved in stage files):
+    the later stages decompose and partition from that plan alone, so a resumed run and an
+    uninterrupted one run the same code."""
+
     name = "dry_run"
     takes = AtenProgram
     returns = PlannedProgram
+    options = DryRunOptions
 
     def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
         program = aten.program
         kept, refused = requested_nodes(program, ctx.backend)
-        skipped = because = None
-        if not kept:
-            skipped = "nothing to keep whole"
-        elif not any(missing_kernel(n.target) for n in kept):
-            skipped = "every kept op has a CPU kernel"
-        else:
-            because = ctx.backend.dry_run_needed(program, kept)
-            skipped = None if because else f"the {ctx.backend.name} backend takes every kept op"
+        skipped, because = why_skip(program, ctx.backend, kept, ctx.options.mode)
         ctx.metrics["kept"] = len(kept)
         if skipped:
             ctx.metrics["skipped"] = skipped
             return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
-        result = dry_run(program, ctx.backend, kept)
-        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(result.dropped), {**refused, **result.dropped})
+        dropped = dry_run(program, ctx.backend, kept)
+        plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), {**refused, **dropped})
         ctx.metrics["kept"] = len(plan.nodes)
-        if result.dropped:
-            by_op = sorted({op_name(n.target) for n in kept if n.name in result.dropped})
-            ctx.metrics["decomposed"] = ", ".join(by_op)
-            return PlannedProgram(program, plan)  # planned otherwise than the dry run decomposed
-        ctx.metrics["reusable_s"] = round(result.reusable_seconds, 3)
-        return PlannedProgram(program, plan, result.decomposed)
+        if dropped:
+            ctx.metrics["decomposed"] = ", ".join(sorted({op_name(n.target) for n in kept if n.name in dropped}))
+        return PlannedProgram(program, plan)

@@ -9,6 +9,7 @@ from executorch.exir._serialize._program import deserialize_pte_binary
 
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
+from compiler.config import EmitOptions
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
@@ -34,6 +35,7 @@ class Emit(Stage):
     name = "emit"
     takes = LoweredProgram
     returns = ExecutorchProgram
+    options = EmitOptions
 
     def run(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
         # to_executorch rewrites the graph in place (memory planning, out variants):
@@ -46,7 +48,11 @@ class Emit(Stage):
         manager = EdgeProgramManager(
             {METHOD: program}, compile_config=EdgeCompileConfig(_check_ir_validity=False)
         )
-        pte = manager.to_executorch(ExecutorchBackendConfig()).buffer
+        config = ExecutorchBackendConfig(
+            extract_delegate_segments=ctx.options.extract_delegate_segments,
+            emit_stacktrace=ctx.options.stacktrace,
+        )
+        pte = manager.to_executorch(config).buffer
         plan = deserialize_pte_binary(pte).program.execution_plan[0]
         ctx.metrics["pte_bytes"] = len(pte)
         kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]

@@ -45,6 +45,7 @@ from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, lift_constant, mutated_buffer_targets, written_arguments
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
+from compiler.config import FoldOptions
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -404,17 +405,14 @@ def resolve_op(op: Any) -> Any:
 
 
 class Fold(Stage):
-    """Driver options: `fold_skip_ops` (added to the dialect's defaults), and
-    `fold_replace_skip_ops` (use only `fold_skip_ops`)."""
-
     name = "fold"
     takes = AtenProgram
     returns = AtenProgram
+    options = FoldOptions
 
     def run(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
-        given = frozenset(resolve_op(op) for op in getattr(ctx.options, "fold_skip_ops", ()))
-        replace = getattr(ctx.options, "fold_replace_skip_ops", False)
-        skip = given if replace else default_skip_ops(ATEN) | given
+        given = frozenset(resolve_op(op) for op in ctx.options.skip_ops)
+        skip = given if ctx.options.replace_skip_ops else default_skip_ops(ATEN) | given
         folding = needs_folding(program.program, skip)
         if not folding:
             ctx.metrics["folded"] = 0

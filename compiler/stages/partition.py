@@ -70,14 +70,9 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
 
 
 class Partition(Stage):
-    """Reuses the dry run's search when the dry run partitioned this very program."""
-
     name = "partition"
     takes = EdgeProgram
     returns = PartitionedProgram
 
     def run(self, edge: EdgeProgram, ctx: StageContext) -> PartitionedProgram:
-        if edge.partitioned is not None:
-            ctx.metrics["reused"] = "dry run"
-            return edge.partitioned
         return partition(edge, ctx.backend)

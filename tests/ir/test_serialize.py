@@ -94,7 +94,7 @@ def test_a_stage_file_the_serializer_refuses_costs_the_dump_not_the_compile(smal
 
     model, inputs = small_model
     monkeypatch.setattr("compiler.instruments.save_stage_file", refuse)
-    dump = DumpStages(tmp_path, "portable", STAGE_NAMES)
+    dump = DumpStages(tmp_path)
     with caplog.at_level(logging.WARNING, logger="compiler.instruments"):
         artifact = compiler.compile(model, inputs, "portable", instruments=[dump])
     assert artifact.pte

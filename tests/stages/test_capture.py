@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from compiler.ir.artifacts import EagerModel
+from compiler.config import CaptureOptions
 from compiler.stages.base import StageContext
 from compiler.stages.capture import Capture
 
@@ -31,7 +32,7 @@ class TransposedParameter(torch.nn.Module):
 
 
 def _capture(module, inputs):
-    ctx = StageContext(backend=None)
+    ctx = StageContext(backend=None, options=CaptureOptions())
     return Capture().run(EagerModel(module, inputs), ctx).program, ctx.metrics
 
 

@@ -1,5 +1,6 @@
 """The dry run: keep whole only what the backend really takes, skip when nothing can change."""
 
+import attrs
 import pytest
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -116,14 +117,18 @@ class FrameToMatmul(torch.nn.Module):
         return torch.matmul(frame.float() / 255.0, self.w)
 
 
-def test_decompose_reuses_the_dry_run_program_when_nothing_is_dropped():
-    artifact = compiler.compile(FrameToMatmul(), (torch.zeros(1, 2, 8, dtype=torch.uint8),), "coreml")
+def test_the_dry_run_answer_is_plan_data_and_a_resume_runs_the_same_stages(tmp_path):
+    """What the dry run decided is its artifact's keep-whole plan, saved in the stage file:
+    resuming after the dry run plans, decomposes and partitions exactly as going on does."""
+    inputs = (torch.zeros(1, 2, 8, dtype=torch.uint8),)
+    artifact = compiler.compile(FrameToMatmul(), inputs, "coreml", dump_dir=tmp_path)
     dry_run = artifact.report.stage("dry_run")
     assert "uint8" in dry_run.metrics["because"] and dry_run.metrics["kept"] == 1
-    assert artifact.report.stage("decompose").metrics["reused"] == "dry run"
-    assert artifact.stages["decompose"] is artifact.stages["dry_run"].decomposed
-    assert artifact.report.stage("partition").metrics["reused"] == "dry run"
-    assert artifact.stages["partition"] is artifact.stages["decompose"].partitioned
+    planned = artifact.stages["dry_run"]
+    assert set(attrs.fields_dict(type(planned))) == {"program", "keep_whole"}
+    resumed = compiler.compile(None, resume_from=tmp_path / "03-dry_run.stage")
+    assert resumed.stages["decompose"].preserved_ops == artifact.stages["decompose"].preserved_ops
+    assert resumed.program.plan == artifact.program.plan
     edge = artifact.stages["decompose"].program
     assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)  # the search ran on a copy
 

@@ -15,7 +15,7 @@ from torch._export.verifier import SpecViolationError
 import compiler
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import op_name
-from compiler.options import DriverOptions
+from compiler.config import FoldOptions
 from compiler.stages.base import StageContext
 from compiler.stages.fold import Fold, fold_constants
 from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
@@ -29,7 +29,7 @@ def export(module, inputs):
 
 
 def fold(ep, **options):
-    ctx = StageContext(backend=None, options=DriverOptions(**options))
+    ctx = StageContext(backend=None, options=FoldOptions(**options))
     return Fold().run(AtenProgram(ep), ctx).program, ctx.metrics
 
 
@@ -98,12 +98,12 @@ def test_user_skip_ops_add_to_the_defaults_and_can_replace_them():
             return x @ self.w.t() + torch.full((3,), 1.0)
 
     ep = export(Both(), (torch.randn(3, 3),))
-    added, _ = fold(ep, fold_skip_ops=["aten.t.default"])
+    added, _ = fold(ep, skip_ops=["aten.t.default"])
     assert {"aten.t.default", "aten.full.default"} <= set(ops_of(added))
-    replaced, _ = fold(ep, fold_skip_ops=[torch.ops.aten.t.default], fold_replace_skip_ops=True)
+    replaced, _ = fold(ep, skip_ops=[torch.ops.aten.t.default], replace_skip_ops=True)
     assert "aten.t.default" in ops_of(replaced) and "aten.full.default" not in ops_of(replaced)
     with pytest.raises(compiler.UserInputError, match="names no operator"):
-        fold(ep, fold_skip_ops=["aten.no_such_op.default"])
+        fold(ep, skip_ops=["aten.no_such_op.default"])
 
 
 def test_dequantize_of_a_quantized_weight_is_not_folded():
@@ -218,7 +218,7 @@ def test_fold_numbers_are_in_the_stage_table():
 def test_nothing_to_fold_returns_the_input_unchanged():
     model = torch.nn.Linear(4, 4)
     program = AtenProgram(export(model, (torch.randn(2, 4),)))
-    assert Fold().run(program, StageContext(backend=None)) is program
+    assert Fold().run(program, StageContext(backend=None, options=FoldOptions())) is program
 
 
 class SlicedWeight(torch.nn.Module):

@@ -53,6 +53,11 @@ class XnnpackBackend(Backend):
 
     name = "xnnpack"
 
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        # XnnpackPartitioner passes its **kwargs to every partitioner config, which reads these.
+        return ("configs", "config_precisions", "per_op_mode", "verbose", "force_non_static_weights_for_f32_linear", "enable_bf16")
+
     def __init__(self, **partitioner_options) -> None:
         self.partitioner = XnnpackPartitioner(**partitioner_options)
         rules.refuse_in_configs(self.partitioner)  # what stock's visitors lower wrongly

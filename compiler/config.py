@@ -1,0 +1,385 @@
+"""The compile configuration: every option, typed, declared once.
+
+Each stage's options are a small frozen class here (light to import, so the CLI
+can build its flags from them before torch loads); the stage names its class in
+`Stage.options`. `CompileConfig` holds the backend, the backend's options (in the
+backend's own terms) and every stage's options: it decides the program, so stage
+files record it and a resumed run replays it. `RunOptions` say how one run is
+driven (where to dump, where to stop); they never change the program and are
+not replayed.
+
+Options have one name everywhere: `<stage>_<field>` (`fold_skip_ops`) as an API
+keyword, `--fold-skip-ops` as a flag. `options()` lists them all; the CLI and
+the README's table are generated from it.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import importlib
+from typing import Any, Iterator, Mapping, TextIO
+
+import attrs
+
+from compiler.ir.errors import UserInputError
+
+# The stages in pipeline order: the one registry of stage names (the pipeline is
+# checked against it).
+STAGE_NAMES: tuple[str, ...] = (
+    "capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower", "emit",
+)
+
+
+def option(
+    default: Any, help: str, *, kind: type | None = None, choices: tuple = (), metavar: str | None = None, converter=None
+):
+    """An attrs field that is also a user-facing option: its help text, value kind, choices and
+    metavar are what the CLI flag and the README's table are made from."""
+    kind = kind or type(default)
+    return attrs.field(
+        default=default,
+        converter=converter,
+        metadata={"help": help, "kind": kind, "choices": choices, "metavar": metavar},
+    )
+
+
+def _op_names(ops: Any) -> tuple[str, ...]:
+    """Ops as their qualified names ("aten.t.default"): an OpOverload given from Python is
+    recorded and compared by name, like one given on the command line."""
+    if isinstance(ops, str):
+        ops = (ops,)
+    names = []
+    for op in ops:
+        if not isinstance(op, str):
+            from compiler.ir.dialect import op_name
+
+            op = op_name(op)
+        names.append(op)
+    return tuple(names)
+
+
+@attrs.frozen
+class NoOptions:
+    """The options of a stage that takes none."""
+
+
+@attrs.frozen
+class CaptureOptions:
+    strict: bool = option(False, "trace with torch.export's strict mode (TorchDynamo) instead of non-strict")
+
+
+@attrs.frozen
+class FoldOptions:
+    skip_ops: tuple[str, ...] = option(
+        (), "an op the fold stage must not fold (e.g. aten.t.default), added to its defaults",
+        kind=str, metavar="OP", converter=_op_names,
+    )
+    replace_skip_ops: bool = option(False, "skip only the ops given by fold_skip_ops, not the defaults")
+
+
+DRY_RUN_MODES = ("auto", "always", "never")
+
+
+@attrs.frozen
+class DryRunOptions:
+    mode: str = option(
+        "auto",
+        "auto: partition a decomposed copy only when a kept op could land on the CPU without a kernel; "
+        "always: every time; never: keep whole what the backend asks, as stock ExecuTorch does",
+        choices=DRY_RUN_MODES,
+        converter=str,
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.mode not in DRY_RUN_MODES:
+            raise UserInputError(
+                f"unknown dry_run_mode {self.mode!r}", stage="dry_run", hint=f"use one of: {', '.join(DRY_RUN_MODES)}"
+            )
+
+
+@attrs.frozen
+class EmitOptions:
+    extract_delegate_segments: bool = option(
+        True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it"
+    )
+    stacktrace: bool = option(False, "record each instruction's Python stack trace in the .pte")
+
+
+# Stage name -> its options class; stages not listed take none.
+STAGE_OPTIONS: Mapping[str, type] = {
+    "capture": CaptureOptions,
+    "fold": FoldOptions,
+    "dry_run": DryRunOptions,
+    "emit": EmitOptions,
+}
+
+
+def _stage_options_field(stage: str):
+    return attrs.field(factory=STAGE_OPTIONS[stage], validator=attrs.validators.instance_of(STAGE_OPTIONS[stage]))
+
+
+@attrs.frozen
+class CompileConfig:
+    """Everything that decides the program a compile produces."""
+
+    backend: str = "portable"
+    # The backend's own options (those of ExecuTorch's partitioner for it); checked by the backend.
+    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    capture: CaptureOptions = _stage_options_field("capture")
+    fold: FoldOptions = _stage_options_field("fold")
+    dry_run: DryRunOptions = _stage_options_field("dry_run")
+    emit: EmitOptions = _stage_options_field("emit")
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.backend, str):
+            raise UserInputError(
+                f"the backend must be named by a string, got {type(self.backend).__name__}",
+                hint="pass a backend name, e.g. backend='xnnpack'",
+            )
+
+    def options_for(self, stage: str) -> Any:
+        """The typed options of `stage` (an empty `NoOptions` for stages that take none)."""
+        return getattr(self, stage) if stage in STAGE_OPTIONS else NoOptions()
+
+    def flat(self) -> dict[str, Any]:
+        """Every stage option by its one name (`fold_skip_ops`)."""
+        return {spec.name: getattr(self.options_for(spec.stage), spec.field) for spec in options() if spec.stage}
+
+    def with_options(self, given: Mapping[str, Any]) -> "CompileConfig":
+        """This configuration with the options `given` (by their one names) set."""
+        specs = {spec.name: spec for spec in options()}
+        unknown = sorted(name for name in given if name not in specs or not specs[name].in_config)
+        if unknown:
+            raise UserInputError(
+                f"unknown option(s): {', '.join(unknown)}",
+                hint=f"options are: {', '.join(s.name for s in options())}",
+            )
+        changes: dict[str, Any] = {}
+        by_stage: dict[str, dict[str, Any]] = {}
+        for name, value in given.items():
+            spec = specs[name]
+            if spec.stage:
+                by_stage.setdefault(spec.stage, {})[spec.field] = value
+            else:
+                changes[spec.field] = value
+        for stage, fields in by_stage.items():
+            changes[stage] = attrs.evolve(self.options_for(stage), **fields)
+        return attrs.evolve(self, **changes)
+
+    def to_json(self) -> dict:
+        """The configuration as JSON; backend options are tagged so they load back as the same
+        objects (enums, classes, compile specs). One that cannot be is recorded by its repr
+        under "unrecorded", and a resume must be given it again."""
+        recorded, unrecorded = {}, {}
+        for key, value in self.backend_options.items():
+            try:
+                recorded[key] = encode(value)
+            except ValueError:
+                unrecorded[key] = repr(value)
+        stages = {name: attrs.asdict(getattr(self, name)) for name in STAGE_OPTIONS}
+        data = {"backend": self.backend, "backend_options": recorded, "stages": stages}
+        if unrecorded:
+            data["unrecorded"] = unrecorded
+        return _lists(data)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CompileConfig":
+        stages = {
+            name: STAGE_OPTIONS[name](**fields) for name, fields in data.get("stages", {}).items() if name in STAGE_OPTIONS
+        }
+        options = {key: decode(value) for key, value in data.get("backend_options", {}).items()}
+        return cls(data["backend"], options, **stages)
+
+
+def _lists(value: Any) -> Any:
+    """Tuples as JSON lists, recursively (so a saved and a fresh config compare equal as JSON)."""
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    return value
+
+
+@attrs.frozen
+class RunOptions:
+    """How one run is driven; none of these changes the program, so none is replayed."""
+
+    verify: bool = option(True, "check each stage's output against its artifact type's invariants")
+    dump_dir: str | None = option(None, "write each stage's graph and resumable stage file here", kind=str, metavar="DIR")
+    print_after_change: bool | TextIO = option(False, "print a stage's graph after it when it changed it", kind=bool)
+    stop_after: str | None = option(None, "stop after this stage and return its artifact", kind=str, choices=STAGE_NAMES)
+    resume_from: str | None = option(
+        None, "continue the run recorded in this stage file (its backend and options, unless given)", kind=str, metavar="FILE"
+    )
+    reproducer: bool = option(True, "on a failure, save the failing stage's input as a stage file")
+    reproducer_dir: str | None = option(
+        None, "where the failing stage's input is saved (default: dump_dir, else a temporary folder)", kind=str,
+        metavar="DIR",
+    )
+    # Extra instruments of the caller's, outermost first (API only).
+    instruments: tuple = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if self.stop_after is not None and self.stop_after not in STAGE_NAMES:
+            raise UserInputError(
+                f"unknown stage {self.stop_after!r} for stop_after", hint=f"use one of: {', '.join(STAGE_NAMES)}"
+            )
+
+
+@attrs.frozen
+class OptionSpec:
+    """One user-facing option: where it lives and how it is shown."""
+
+    name: str  # the one name: API keyword, `--flag-form`, README row
+    stage: str | None  # the stage it belongs to; None for run options and the backend
+    field: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple = ()
+    metavar: str | None = None
+    in_config: bool = True  # False: a RunOptions field
+
+    @property
+    def flag(self) -> str:
+        if self.kind is bool and self.default is True:
+            return "--no-" + self.name.replace("_", "-")
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def flag_help(self) -> str:
+        return f"{self.help} (on by default; this flag turns it off)" if self.flag.startswith("--no-") else self.help
+
+    @property
+    def repeated(self) -> bool:
+        return isinstance(self.default, tuple)
+
+
+def _specs(cls: type, stage: str | None, in_config: bool) -> Iterator[OptionSpec]:
+    for f in attrs.fields(cls):
+        if "help" not in f.metadata:
+            continue
+        name = f"{stage}_{f.name}" if stage else f.name
+        meta = f.metadata
+        yield OptionSpec(
+            name, stage, f.name, meta["kind"], f.default, meta["help"], meta["choices"], meta["metavar"], in_config
+        )
+
+
+def options() -> tuple[OptionSpec, ...]:
+    """Every option a user can set, stage options in pipeline order, then run options."""
+    specs = [spec for stage in STAGE_NAMES if stage in STAGE_OPTIONS for spec in _specs(STAGE_OPTIONS[stage], stage, True)]
+    specs += _specs(RunOptions, None, False)
+    return tuple(specs)
+
+
+def split_options(given: Mapping[str, Any]) -> tuple[dict[str, Any], RunOptions]:
+    """Keyword options by their one names -> (the configuration's, the run's)."""
+    specs = {spec.name: spec for spec in options()}
+    run_fields = {f.name for f in attrs.fields(RunOptions)}
+    unknown = sorted(name for name in given if name not in specs and name not in run_fields)
+    if unknown:
+        raise UserInputError(
+            f"unknown option(s): {', '.join(unknown)}",
+            hint=f"options are: {', '.join(sorted([*specs, 'instruments']))}",
+        )
+    config = {name: value for name, value in given.items() if name in specs and specs[name].in_config}
+    run = RunOptions(**{name: value for name, value in given.items() if name not in config})
+    return config, run
+
+
+def options_table() -> str:
+    """The Markdown table of every option (generated into the README)."""
+    lines = ["| API keyword | CLI flag | default | what it does |", "|---|---|---|---|"]
+    for spec in options():
+        default = "-" if spec.default in (None, ()) else f"`{spec.default!r}`"
+        flag = spec.flag + (" (repeat)" if spec.repeated else "")
+        choices = f" ({' / '.join(spec.choices)})" if spec.choices and spec.stage else ""
+        lines.append(f"| `{spec.name}` | `{flag}` | {default} | {spec.flag_help}{choices} |")
+    return "\n".join(lines)
+
+
+# --- backend options as JSON --------------------------------------------------------
+
+# Modules a stage file may name to rebuild a backend option (a class, an enum): loading a
+# file never imports anything else.
+_TRUSTED_MODULES = ("executorch.", "coremltools", "torch")
+
+
+def _qualified(obj: Any) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def _resolve(qualified: str) -> Any:
+    module, _, name = qualified.partition(":")
+    if not module.startswith(_TRUSTED_MODULES):
+        raise ValueError(f"refusing to import {module!r} from a stage file")
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def encode(value: Any) -> Any:
+    """A backend option as JSON that `decode` turns back into an equal value; ValueError when
+    it has no such form."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return {"$list" if isinstance(value, list) else "$tuple": [encode(v) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"$dict": {k: encode(v) for k, v in value.items()}}
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode()}
+    if isinstance(value, enum.Enum):
+        return {"$enum": _qualified(type(value)), "name": value.name}
+    if isinstance(value, type) and value.__module__.startswith(_TRUSTED_MODULES):
+        return {"$type": _qualified(value)}
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return {"$dtype": str(value).removeprefix("torch.")}
+    if dataclasses.is_dataclass(value) and type(value).__module__.startswith(_TRUSTED_MODULES):
+        fields = {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"$dataclass": _qualified(type(value)), "fields": fields}
+    raise ValueError(f"no JSON form for a {type(value).__name__}")
+
+
+def decode(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    if "$list" in data:
+        return [decode(v) for v in data["$list"]]
+    if "$tuple" in data:
+        return tuple(decode(v) for v in data["$tuple"])
+    if "$dict" in data:
+        return {k: decode(v) for k, v in data["$dict"].items()}
+    if "$bytes" in data:
+        return base64.b64decode(data["$bytes"])
+    if "$enum" in data:
+        return _resolve(data["$enum"])[data["name"]]
+    if "$type" in data:
+        return _resolve(data["$type"])
+    if "$dtype" in data:
+        import torch
+
+        return getattr(torch, data["$dtype"])
+    if "$dataclass" in data:
+        return _resolve(data["$dataclass"])(**{k: decode(v) for k, v in data["fields"].items()})
+    raise ValueError(f"unknown tagged value {sorted(data)}")
+
+
+_DEPENDENCIES = ("torch", "executorch", "coremltools", "mlx")
+
+
+def dependency_versions() -> dict[str, str | None]:
+    """The installed versions that decide what a compile produces (None: not installed)."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for name in _DEPENDENCIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
