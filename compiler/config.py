@@ -292,13 +292,23 @@ def split_options(given: Mapping[str, Any]) -> tuple[dict[str, Any], RunOptions]
 
 def options_table() -> str:
     """The Markdown table of every option (generated into the README)."""
-    lines = ["| API keyword | CLI flag | default | what it does |", "|---|---|---|---|"]
+    lines = ["| of | API keyword | CLI flag | default | what it does |", "|---|---|---|---|---|"]
     for spec in options():
         default = "-" if spec.default in (None, ()) else f"`{spec.default!r}`"
         flag = spec.flag + (" (repeat)" if spec.repeated else "")
         choices = f" ({' / '.join(spec.choices)})" if spec.choices and spec.stage else ""
-        lines.append(f"| `{spec.name}` | `{flag}` | {default} | {spec.flag_help}{choices} |")
+        lines.append(f"| {spec.stage or 'run'} | `{spec.name}` | `{flag}` | {default} | {spec.flag_help}{choices} |")
     return "\n".join(lines)
+
+
+def write_options_table(readme: str) -> None:
+    """Put `options_table()` between the README's options-table markers."""
+    begin, end = "<!-- options-table:begin -->\n", "<!-- options-table:end -->"
+    with open(readme) as f:
+        text = f.read()
+    head, tail = text[: text.index(begin) + len(begin)], text[text.index(end) :]
+    with open(readme, "w") as f:
+        f.write(f"{head}{options_table()}\n{tail}")
 
 
 # --- backend options as JSON --------------------------------------------------------
@@ -383,3 +393,15 @@ def dependency_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m compiler.config", description="print or write the option table")
+    parser.add_argument("--readme", metavar="FILE", help="write the table between the markers in FILE")
+    args = parser.parse_args()
+    if args.readme:
+        write_options_table(args.readme)
+    else:
+        print(options_table())
