@@ -11,13 +11,12 @@ from torch.utils import _pytree as pytree
 from compiler import backends
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
+from compiler.private_api import deserialize_pte
 
 
 def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
     if isinstance(program, (bytes, bytearray)):
-        from executorch.exir._serialize._program import deserialize_pte_binary
-
-        plans = deserialize_pte_binary(bytes(program)).program.execution_plan
+        plans = deserialize_pte(bytes(program)).program.execution_plan
         return bytes(program), {d.id for plan in plans for d in plan.delegates}
     program = getattr(program, "program", program)
     if not isinstance(program, ExecutorchProgram):

@@ -10,8 +10,8 @@ import operator
 from typing import Any
 
 import torch
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
-from executorch.exir.passes.executorch_prim_ops_registry import _EXECUTORCH_SYM_OPS
+
+from compiler.private_api import aten_overload, executorch_sym_ops, is_edge_op
 
 ATEN = "aten"
 EDGE = "edge"
@@ -22,7 +22,7 @@ EDGE = "edge"
 _NEUTRAL_TARGETS = frozenset(
     [
         operator.getitem,
-        *_EXECUTORCH_SYM_OPS,
+        *executorch_sym_ops(),
         torch.ops.aten._assert_scalar.default,
         torch.ops.aten._assert_async.msg,
         torch.ops.aten.sym_constrain_range_for_size.default,
@@ -34,7 +34,7 @@ def op_dialect(target: Any) -> str | None:
     """The dialect a call target pins a program to, or None if it fits any."""
     if target in _NEUTRAL_TARGETS or isinstance(target, torch._ops.HigherOrderOperator):
         return None
-    if isinstance(target, EdgeOpOverload):
+    if is_edge_op(target):
         return EDGE
     if isinstance(target, torch._ops.OpOverload):
         return ATEN
@@ -43,8 +43,7 @@ def op_dialect(target: Any) -> str | None:
 
 def op_name(target: Any) -> str:
     """A short readable op name, the same for the ATen and the Edge spelling."""
-    if isinstance(target, EdgeOpOverload):
-        target = target._op
+    target = aten_overload(target)
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
     return getattr(target, "__name__", str(target))

@@ -27,12 +27,14 @@ import torch
 from torchgen.model import SchemaKind
 
 from executorch.exir.delegate import executorch_call_delegate
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from executorch.exir.dialects.edge.op.api import to_variant
-from executorch.exir.operator.convert import _pybind_schema_to_native_schema
-from executorch.exir.passes.executorch_prim_ops_registry import (
-    _EXECUTORCH_SYM_OPS,
-    _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS,
+
+from compiler.private_api import (
+    aten_overload,
+    executorch_sym_ops,
+    native_schema,
+    python_sym_ops_to_executorch,
+    registered_operator_names,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,7 +51,10 @@ _REMOVED_BEFORE_EMIT = frozenset(
 )
 
 # Symbolic-int helpers, called as they are (held as Backend ops; their torch ops too).
-_SYM_OPS = frozenset(op._op if isinstance(op, EdgeOpOverload) else op for op in _EXECUTORCH_SYM_OPS)
+_SYM_OPS = frozenset(aten_overload(op) for op in executorch_sym_ops())
+
+# Python's symbolic-int operators -> the prim op each is emitted as.
+_PYTHON_SYM_OPS = python_sym_ops_to_executorch()
 
 # Emitted specially (tuple access, delegate calls), never as a kernel call.
 _NOT_KERNEL_CALLS = frozenset([operator.getitem, executorch_call_delegate])
@@ -58,14 +63,12 @@ _NOT_KERNEL_CALLS = frozenset([operator.getitem, executorch_call_delegate])
 @functools.lru_cache(maxsize=1)
 def registered_kernels() -> frozenset[str]:
     """Names like `aten::add.out` that the runtime linked into this process registers."""
-    from executorch.extension.pybindings.portable_lib import _get_operator_names
-
-    return frozenset(_get_operator_names())
+    return frozenset(registered_operator_names())
 
 
 def runtime_name(op: Any) -> str:
     """The name the emitter writes into the `.pte` for a call to `op` (and the runtime registers)."""
-    op = op._op if isinstance(op, EdgeOpOverload) else op
+    op = aten_overload(op)
     overload = op._overloadname
     qualified = op._overloadpacket._qualified_op_name
     return qualified if overload == "default" else f"{qualified}.{overload}"
@@ -86,7 +89,7 @@ def out_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     As `to_executorch` does it: out variants and in-place ops are called as they are,
     any other op through the out variant `EdgeOpOverload.to_out_variant` finds.
     """
-    schema = _pybind_schema_to_native_schema(op._schema)
+    schema = native_schema(op._schema)
     if schema is None:
         return None  # TorchScript-only schemas (complex scalars, lists): no ExecuTorch kernel
     if schema.kind() in (SchemaKind.out, SchemaKind.inplace):
@@ -107,11 +110,11 @@ def kernel_name(target: Any) -> str | None:
 
     Raises `LookupError` for an op that has no out variant: the emitter cannot call it.
     """
-    if target in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS:
-        return runtime_name(_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS[target])
+    if target in _PYTHON_SYM_OPS:
+        return runtime_name(_PYTHON_SYM_OPS[target])
     if target in _REMOVED_BEFORE_EMIT or target in _NOT_KERNEL_CALLS:
         return None
-    op = target._op if isinstance(target, EdgeOpOverload) else target
+    op = aten_overload(target)
     if not isinstance(op, torch._ops.OpOverload):
         return None  # higher-order ops (control flow) and plain Python callables
     if op in _SYM_OPS:
@@ -151,6 +154,6 @@ WRONG_KERNELS: dict[str, tuple[Any, str]] = {
 
 def wrong_kernel(node) -> str | None:
     """Why the runtime's CPU kernel for `node` computes otherwise than torch, or None."""
-    target = node.target._op if isinstance(node.target, EdgeOpOverload) else node.target
+    target = aten_overload(node.target)
     entry = WRONG_KERNELS.get(str(target)) if isinstance(target, torch._ops.OpOverload) else None
     return entry[1] if entry and entry[0](node) else None

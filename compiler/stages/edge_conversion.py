@@ -13,7 +13,6 @@ pass rewrites. A pass without such a check always runs.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Callable, Iterable
 
@@ -21,7 +20,7 @@ import torch
 from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig
-from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass
+from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass, remove_unused_parameters_pass
 from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
 from executorch.exir.passes.remove_graph_asserts_pass import RemoveNonCoreAtenOpGraphAssertsPass
 from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
@@ -30,18 +29,18 @@ from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
     ReplaceBrokenOpsWithFunctionalOpsPass,
 )
 from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
-from executorch.exir.program._program import (
-    _get_aten_to_edge_passes,
-    _get_updated_graph_signature,
-    _transform,
-    lift_constant_tensor_pass,
-    remove_unused_parameters_pass,
-)
 from executorch.exir.passes.convert_constant_dim_order_pass import convert_constant_dim_order_pass
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
 
 from compiler.ir.dialect import ATEN, op_dialect
+from compiler.private_api import (
+    aten_to_edge_passes,
+    lift_constant_tensor_pass,
+    transform,
+    unwrap_pass,
+    updated_graph_signature,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,23 +103,13 @@ _APPLIES: dict[type, Callable[[torch.fx.GraphModule], bool]] = {
 }
 
 
-def _unwrap(graph_pass):
-    """The pass object inside ExecuTorch's pass-result wrappers."""
-    while inspect.isfunction(graph_pass):
-        inner = inspect.getclosurevars(graph_pass).nonlocals.get("fn")
-        if inner is None:
-            break
-        graph_pass = inner
-    return graph_pass
-
-
 def _applies(graph_pass, gm: torch.fx.GraphModule) -> bool:
-    check = _APPLIES.get(type(_unwrap(graph_pass)))
+    check = _APPLIES.get(type(unwrap_pass(graph_pass)))
     return check is None or check(gm)
 
 
 def _is_dead_code_pass(graph_pass) -> bool:
-    return getattr(_unwrap(graph_pass), "__name__", "") == "dead_code_elimination_pass"
+    return getattr(unwrap_pass(graph_pass), "__name__", "") == "dead_code_elimination_pass"
 
 
 def _eliminate_dead_code(gm: torch.fx.GraphModule):
@@ -139,7 +128,7 @@ def generate_edge_program(
     """The Edge program for a decomposed ATen program; also the names of the passes skipped."""
     config = EdgeCompileConfig()
     program = remove_unused_parameters_pass(program)
-    pre_replace, post_replace = _get_aten_to_edge_passes(config)
+    pre_replace, post_replace = aten_to_edge_passes(config)
     passes = [
         RemoveNonCoreAtenOpGraphAssertsPass(),
         ReplaceViewOpsWithViewCopyOpsPass(),
@@ -150,13 +139,13 @@ def generate_edge_program(
     gm, skipped = program.graph_module, []
     for graph_pass in passes:
         if not _applies(graph_pass, gm):
-            skipped.append(type(_unwrap(graph_pass)).__name__)
+            skipped.append(type(unwrap_pass(graph_pass)).__name__)
             continue
         gm = graph_pass(gm).graph_module
     edge = ExportedProgram(
         root=gm,
         graph=gm.graph,
-        graph_signature=_get_updated_graph_signature(program.graph_signature, gm),
+        graph_signature=updated_graph_signature(program.graph_signature, gm),
         state_dict=program.state_dict,
         range_constraints=program.range_constraints,
         module_call_graph=program.module_call_graph,
@@ -170,7 +159,7 @@ def generate_edge_program(
         if _is_dead_code_pass(graph_pass):
             _eliminate_dead_code(edge.graph_module)
             continue
-        edge = _transform(edge, graph_pass)
+        edge = transform(edge, graph_pass)
     _finish_edge_ops(edge)
     logger.debug("Edge conversion skipped passes that could not apply: %s", skipped)
     return edge, skipped

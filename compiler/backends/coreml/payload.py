@@ -13,7 +13,8 @@ from typing import Iterator
 
 import attrs
 
-from executorch.exir._serialize._program import deserialize_pte_binary
+from compiler.private_api import deserialize_pte
+
 
 BACKEND_ID = "CoreMLBackend"
 
@@ -107,7 +108,7 @@ def read_model(payload: bytes) -> CoreMLModel:
 
 def coreml_payloads(pte: bytes) -> Iterator[bytes]:
     """The Core ML delegate payloads of a `.pte`, in execution-plan order."""
-    program = deserialize_pte_binary(pte).program
+    program = deserialize_pte(pte).program
     for plan in program.execution_plan:
         for delegate in plan.delegates:
             if delegate.id != BACKEND_ID:

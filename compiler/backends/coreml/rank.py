@@ -20,12 +20,14 @@ import math
 from typing import Optional, Sequence
 
 import torch
-from executorch.exir.dialects._ops import ops as exir_ops
 from torch.export import ExportedProgram
 from torch.export.graph_signature import TensorArgument
 
 from compiler.backends.coreml import rules
 from compiler.ir.dialect import op_name
+from compiler.private_api import edge_ops
+
+exir_ops = edge_ops()
 
 _VIEW = exir_ops.edge.aten.view_copy.default
 _PERMUTE = exir_ops.edge.aten.permute_copy.default

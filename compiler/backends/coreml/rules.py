@@ -23,11 +23,14 @@ import attrs
 import coremltools as ct
 import torch
 from coremltools.converters.mil.frontend.torch.utils import TORCH_DTYPE_TO_NUM
-from executorch.backends.apple.coreml.partition import coreml_partitioner as stock
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.ir.dialect import op_name
+from compiler.private_api import (
+    aten_overload,
+    coreml_is_arg_min_max_over_flattened_input,
+    coreml_unsupported_op_targets,
+)
 
 # Dtypes Core ML cannot take as model inputs or give as outputs (stock: `KeyError: torch.uint8`).
 REFUSED_DTYPES = frozenset({torch.uint8, torch.int8, torch.bfloat16})
@@ -92,7 +95,7 @@ def refusal(node: torch.fx.Node, ctx: RuleContext) -> Optional[str]:
 
 def aten_op(target) -> object:
     """The ATen overload behind an ATen or Edge target (other targets unchanged)."""
-    return target._op if isinstance(target, EdgeOpOverload) else target
+    return aten_overload(target)
 
 
 def _is(node: torch.fx.Node, *packets) -> bool:
@@ -159,14 +162,14 @@ def add_sub_with_alpha(node, ctx) -> Optional[str]:
 
 @node_rule("https://github.com/apple/coremltools/issues/2565, /2569, pytorch/executorch#11722")
 def refused_by_executorch(node, ctx) -> Optional[str]:
-    if aten_op(node.target) in stock._UNSUPPORTED_OP_TARGETS:
+    if aten_op(node.target) in coreml_unsupported_op_targets():
         return f"ExecuTorch's Core ML partitioner refuses {op_name(node.target)} (wrong or missing conversion)"
     return None
 
 
 @node_rule("https://github.com/pytorch/executorch/issues/11715")
 def arg_reduction_over_flattened_input(node, ctx) -> Optional[str]:
-    if stock._is_arg_min_max_over_flattened_input(node) or (
+    if coreml_is_arg_min_max_over_flattened_input(node) or (
         _is(node, torch.ops.aten.argmax, torch.ops.aten.argmin)
         and (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")) is None
     ):

@@ -19,6 +19,7 @@ from compiler.backends.mlx import rewrites, support
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import state_not_starting_at_zero
+from compiler.private_api import mlx_include_sym_size_nodes, mlx_unsupported_reasons
 
 # The delegate id ExecuTorch records in the program for MLX payloads.
 DELEGATE_ID = "MLXBackend"
@@ -90,7 +91,7 @@ class MLXBackend(Backend):
             stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
         guarded = support.GuardedSupport(stock)
         found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)
-        found = self.partitioner._include_sym_size_nodes_in_partitions(program.graph_module, found)
+        found = mlx_include_sym_size_nodes(self.partitioner, program.graph_module, found)
 
         partitions = {}
         for partition in found:
@@ -104,7 +105,7 @@ class MLXBackend(Backend):
             _keep_initialized_state_on_cpu(program)
 
         reasons = dict(guarded.refused)
-        for node, why in stock._unsupported_reason.items():
+        for node, why in mlx_unsupported_reasons(stock).items():
             reasons.setdefault(node.name, f"MLX: {_one_line(why)}")
         return BackendPartition(partitions, reasons)
 

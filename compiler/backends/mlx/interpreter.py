@@ -23,7 +23,6 @@ before each call.
 
 from __future__ import annotations
 
-import importlib
 import math
 import struct
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -33,10 +32,10 @@ import numpy as np
 import torch
 
 from compiler.ir.errors import CompileError
+from compiler.private_api import mlx_generated_class, mlx_op_node_fields
 
 _HEADER = 24
 _MAGIC = b"MLX0"
-_GENERATED = "executorch.backends.mlx.serialization._generated.mlx_delegate"
 
 # Slot types of `SlotVariant` (schema enum SlotType).
 TENSOR_SLOT, INT_SLOT, FLOAT_SLOT, BOOL_SLOT = 0, 1, 2, 3
@@ -181,18 +180,16 @@ class _Schema:
     """The generated node classes and field layouts, loaded once."""
 
     def __init__(self) -> None:
-        from executorch.backends.mlx._generated_inspector import OP_NODE_FIELDS
-
-        op_node = importlib.import_module(f"{_GENERATED}.OpNode").OpNode
+        op_node = mlx_generated_class("OpNode")
         self.node_names = {
             value: name for name, value in vars(op_node).items() if isinstance(value, int) and name != "NONE"
         }
-        self.fields = OP_NODE_FIELDS
+        self.fields = mlx_op_node_fields()
         self._classes: dict[str, type] = {}
 
     def node_class(self, name: str) -> type:
         if name not in self._classes:
-            self._classes[name] = getattr(importlib.import_module(f"{_GENERATED}.{name}"), name)
+            self._classes[name] = mlx_generated_class(name)
         return self._classes[name]
 
 
@@ -244,7 +241,7 @@ class MLXGraph:
                 hint="was the program compiled with --backend mlx by this ExecuTorch?",
             )
         data_offset = struct.unpack("<Q", payload[8:16])[0]
-        graph_class = importlib.import_module(f"{_GENERATED}.MLXGraph").MLXGraph
+        graph_class = mlx_generated_class("MLXGraph")
         graph = graph_class.GetRootAs(payload[_HEADER:data_offset], 0)
 
         self.version = (graph.Version() or b"").decode()

@@ -33,12 +33,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from executorch.exir import schema
-from executorch.exir._serialize._program import deserialize_pte_binary
 
 from compiler.backends.mlx import DELEGATE_ID
 from compiler.backends.mlx.generated import ensure_generated
 from compiler.backends.mlx.interpreter import Interpreter, MLXGraph
 from compiler.ir.errors import CompileError, UnsupportedByRuntime
+from compiler.private_api import deserialize_pte
 
 METHOD = "forward"
 
@@ -285,7 +285,7 @@ class ReferenceExecutor:
 
     def __init__(self, pte: bytes, kv_cache: Any = None) -> None:
         ensure_generated()
-        pte_file = deserialize_pte_binary(pte)
+        pte_file = deserialize_pte(pte)
         self.program = pte_file.program
         self.named_data: dict[str, bytes] = {}
         if pte_file.named_data is not None:

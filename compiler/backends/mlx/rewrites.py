@@ -15,6 +15,7 @@ import torch
 from torch.export import ExportedProgram
 
 from compiler.ir.dialect import op_name
+from compiler.private_api import edge_ops
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def _static(shape: torch.Size) -> bool:
 
 
 def _cast(graph: torch.fx.Graph, source: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
-    from executorch.exir.dialects._ops import ops as exir_ops
+    exir_ops = edge_ops()
 
     value = _tensor(source)
     cast = graph.call_function(
@@ -64,7 +65,7 @@ def _cast(graph: torch.fx.Graph, source: torch.fx.Node, dtype: torch.dtype) -> t
 
 
 def _expand(graph: torch.fx.Graph, source: torch.fx.Node, shape: torch.Size) -> torch.fx.Node:
-    from executorch.exir.dialects._ops import ops as exir_ops
+    exir_ops = edge_ops()
 
     expand = graph.call_function(exir_ops.edge.aten.expand_copy.default, (source, list(shape)))
     expand.meta["val"] = _tensor(source).expand(shape).clone()
@@ -98,7 +99,7 @@ def copy_source_like_destination(program: ExportedProgram) -> int:
 
 def _edge_call(graph: torch.fx.Graph, target: str, args: tuple, value) -> torch.fx.Node:
     """A new Edge call to `aten.<target>` whose value (meta) is `value`."""
-    from executorch.exir.dialects._ops import ops as exir_ops
+    exir_ops = edge_ops()
 
     overload_packet, _, overload = target.partition(".")
     node = graph.call_function(getattr(getattr(exir_ops.edge.aten, overload_packet), overload), args)

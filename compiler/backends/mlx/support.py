@@ -16,6 +16,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from compiler.backends.mlx.rewrites import copy_mismatch, torch_nearest_scales
 from compiler.ir.dialect import op_name
+from compiler.private_api import aten_overload, mlx_nearest_source_indices
 
 # Names under which ATen schemas take index tensors (index.Tensor, index_put,
 # _unsafe_index, index_select, gather, scatter, take_along_dim, index_copy, ...).
@@ -26,7 +27,7 @@ def _schema(node: torch.fx.Node):
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         # Edge ops wrap the ATen overload they stand for.
-        schema = getattr(getattr(node.target, "_op", None), "_schema", None)
+        schema = getattr(aten_overload(node.target), "_schema", None)
     return schema
 
 
@@ -290,7 +291,7 @@ def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
 
 def _nearest_sources(node: torch.fx.Node, size_h: int, size_w: int) -> torch.Tensor:
     """The flat input position each output element of this upsample_nearest2d reads in torch."""
-    op = getattr(node.target, "_op", node.target)
+    op = aten_overload(node.target)
     positions = torch.arange(size_h * size_w, dtype=torch.float64).reshape(1, 1, size_h, size_w)
     return op(positions, *node.args[1:], **node.kwargs)[0, 0].long()
 
@@ -298,16 +299,14 @@ def _nearest_sources(node: torch.fx.Node, size_h: int, size_w: int) -> torch.Ten
 def _stock_nearest_sources(node: torch.fx.Node, size_h: int, size_w: int, out_h: int, out_w: int) -> torch.Tensor:
     """The same positions as stock 1.5.1's MLX handler computes them (its own index function),
     from the scales `rewrites.nearest_scales_torch_ignores_dropped` leaves it."""
-    from executorch.backends.mlx.ops import _nearest_source_indices
-
     args = node.args
     if op_name(node.target).endswith(".vec"):
         scales = list(args[2]) if len(args) > 2 and args[2] is not None else [None, None]
     else:
         scales = [args[2] if len(args) > 2 else None, args[3] if len(args) > 3 else None]
     scales = torch_nearest_scales(node.args[0].meta["val"], node.meta["val"], scales)
-    rows = _nearest_source_indices(size_h, out_h, scales[0]).long()
-    cols = _nearest_source_indices(size_w, out_w, scales[1]).long()
+    rows = mlx_nearest_source_indices(size_h, out_h, scales[0]).long()
+    cols = mlx_nearest_source_indices(size_w, out_w, scales[1]).long()
     return rows[:, None] * size_w + cols[None, :]
 
 

@@ -49,11 +49,13 @@ import torch
 from torch.export import ExportedProgram
 
 from executorch.backends.xnnpack.utils.quant_utils import is_dynamic_qdq
-from executorch.exir.dialects._ops import ops as exir_ops
 
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import lift_constant
+from compiler.private_api import edge_ops
+
+exir_ops = edge_ops()
 
 logger = logging.getLogger(__name__)
 

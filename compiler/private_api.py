@@ -1,0 +1,307 @@
+"""Every private ExecuTorch and coremltools name this project uses, and nothing else.
+
+A private name is one a package does not promise to keep: an import from a module
+path with an underscored part (`executorch.exir.dialects._ops`), an underscored
+name (`_default_decomposition_table`), or an underscored attribute read or written
+on one of their objects (`EdgeOpOverload._op`), closure inspection included. Each
+entry below says why no public way does, and the version it was checked against:
+executorch 1.5.1 and coremltools 9.0, as pinned in pyproject.toml. When either is
+upgraded, this file is what to re-check; `tests/test_private_api.py` fails when a
+private name of either package is used anywhere else in `compiler/`.
+
+Every import is made on first use, inside the entry that needs it: coremltools is
+imported only when a Core ML entry is asked for, and MLX's generated modules (made
+on first use by `compiler.backends.mlx.generated`) only when an MLX entry is. This
+module imports nothing from `compiler`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+EXECUTORCH_VERSION = "1.5.1"
+COREMLTOOLS_VERSION = "9.0"
+
+
+# --- Edge dialect ops (executorch.exir.dialects) ------------------------------------
+
+
+@functools.cache
+def edge_ops() -> Any:
+    """ExecuTorch's Edge op namespace (`edge_ops().edge.aten.add.Tensor`), which has no public
+    path: only `executorch.exir.dialects._ops.ops`. Checked against executorch 1.5.1."""
+    from executorch.exir.dialects._ops import ops
+
+    return ops
+
+
+@functools.cache
+def edge_op_class() -> type:
+    """`EdgeOpOverload`, the class of Edge op targets, defined only in the private
+    `executorch.exir.dialects.edge._ops`. Checked against executorch 1.5.1."""
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+    return EdgeOpOverload
+
+
+def is_edge_op(target: Any) -> bool:
+    """Whether `target` is an Edge op (an `EdgeOpOverload`). Checked against executorch 1.5.1."""
+    return isinstance(target, edge_op_class())
+
+
+def aten_overload(target: Any) -> Any:
+    """The ATen OpOverload an Edge op stands for (its private `_op`: EdgeOpOverload has no
+    public accessor); any other target unchanged. Checked against executorch 1.5.1."""
+    return target._op if isinstance(target, edge_op_class()) else target
+
+
+# --- ExecuTorch's prim ops and operator tables --------------------------------------
+
+
+def executorch_sym_ops() -> set:
+    """The symbolic-int helpers ExecuTorch emits as prim ops (`_EXECUTORCH_SYM_OPS`, Edge and
+    ATen spellings); no public list exists. Checked against executorch 1.5.1."""
+    from executorch.exir.passes.executorch_prim_ops_registry import _EXECUTORCH_SYM_OPS
+
+    return _EXECUTORCH_SYM_OPS
+
+
+def python_sym_ops_to_executorch() -> dict:
+    """Python's symbolic-int operators (`operator.add`...) -> the ExecuTorch prim op they are
+    emitted as (`_PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS`); no public mapping exists.
+    Checked against executorch 1.5.1."""
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+    return _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+
+def native_schema(schema: Any) -> Any:
+    """torchgen's FunctionSchema of a torch schema, or None for a TorchScript-only one: what
+    `to_executorch` matches out variants by (`_pybind_schema_to_native_schema`).
+    Checked against executorch 1.5.1."""
+    from executorch.exir.operator.convert import _pybind_schema_to_native_schema
+
+    return _pybind_schema_to_native_schema(schema)
+
+
+def registered_operator_names() -> list[str]:
+    """The operator names the runtime linked into this process registers (`aten::add.out`...);
+    the pybindings' only way to ask is `_get_operator_names`. Checked against executorch 1.5.1."""
+    from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+    return list(_get_operator_names())
+
+
+def quant_primitives() -> list:
+    """The quantize/dequantize ops ExecuTorch keeps whole when it decomposes
+    (`executorch.exir.operator.util._QUANT_PRIMITIVES`). Checked against executorch 1.5.1."""
+    from executorch.exir.operator.util import _QUANT_PRIMITIVES
+
+    return _QUANT_PRIMITIVES
+
+
+# --- Decomposition (executorch.exir.tracer, executorch.exir.program._program) -------
+
+
+def default_decomposition_table() -> dict:
+    """A fresh copy of the decomposition table `to_edge` uses (`_default_decomposition_table`);
+    ours starts from it so the result matches stock. Checked against executorch 1.5.1."""
+    from executorch.exir.tracer import _default_decomposition_table
+
+    return _default_decomposition_table()
+
+
+def ops_allowed_not_to_decompose(ops: list) -> list:
+    """Of `ops`, those ExecuTorch lets a partitioner keep whole (stock's filter behind
+    `ops_to_not_decompose`, `_remove_invalid_ops_for_not_decompose`).
+    Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import _remove_invalid_ops_for_not_decompose
+
+    return _remove_invalid_ops_for_not_decompose(ops)
+
+
+def no_decompose_op(op: Any) -> Any:
+    """`op`'s twin in ExecuTorch's no-decompose namespace (registered on first use), which
+    `run_decompositions` leaves alone: how stock keeps ops whole
+    (`_register_no_decomp_op`, `aten_op_to_transform_op`). Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import _register_no_decomp_op, aten_op_to_transform_op
+
+    _register_no_decomp_op(op)
+    return aten_op_to_transform_op[op]
+
+
+def restore_no_decompose_ops(program: ExportedProgram) -> None:
+    """Turn the no-decompose twins in `program` back into their ATen ops, in place
+    (`_restore_transformed_ops_to_aten_ops`). Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import _restore_transformed_ops_to_aten_ops
+
+    _restore_transformed_ops_to_aten_ops(program)
+
+
+# --- Edge conversion (executorch.exir.program._program) ----------------------------
+
+
+def aten_to_edge_passes(config: Any) -> tuple[list, list]:
+    """The passes `to_edge` runs before and after replacing ATen ops with Edge ops
+    (`_get_aten_to_edge_passes`); we run the same ones, skipping those that cannot apply.
+    Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import _get_aten_to_edge_passes
+
+    return _get_aten_to_edge_passes(config)
+
+
+def updated_graph_signature(signature: Any, graph_module: Any) -> Any:
+    """`signature` with its names updated to `graph_module`'s after passes renamed nodes
+    (`_get_updated_graph_signature`, in the private `executorch.exir._program_utils`).
+    Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import _get_updated_graph_signature
+
+    return _get_updated_graph_signature(signature, graph_module)
+
+
+def transform(program: ExportedProgram, *passes: Any) -> ExportedProgram:
+    """`program` with ExecuTorch's pass manager running `passes` on it, as `to_edge` does
+    (`_transform`). Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import _transform
+
+    return _transform(program, *passes)
+
+
+def lift_constant_tensor_pass(program: ExportedProgram) -> ExportedProgram:
+    """Lift the tensor constants left in the graph into the signature, as `to_edge` does;
+    defined only in the private `executorch.exir.program._program`. Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import lift_constant_tensor_pass as lift
+
+    return lift(program)
+
+
+def unwrap_pass(graph_pass: Any) -> Any:
+    """The pass object inside the function wrappers of ExecuTorch's pass lists (torch's
+    `pass_result_wrapper`, whose only handle on the pass is its closure variable `fn`).
+    Checked against executorch 1.5.1."""
+    while inspect.isfunction(graph_pass):
+        inner = inspect.getclosurevars(graph_pass).nonlocals.get("fn")
+        if inner is None:
+            break
+        graph_pass = inner
+    return graph_pass
+
+
+def set_verifiers(program: ExportedProgram, verifiers: Iterable[Any]) -> None:
+    """Give a loaded program back ExecuTorch's Edge verifier with its preserved ops: the
+    `verifiers` property refuses to be set, so the private `_verifiers` is written.
+    Checked against executorch 1.5.1 (torch 2.13)."""
+    program._verifiers = list(verifiers)
+
+
+# --- Serialized programs (executorch.exir._serialize) ------------------------------
+
+
+def deserialize_pte(pte: bytes) -> Any:
+    """The flatbuffer contents of a `.pte` (program, named data, mutable data); ExecuTorch's
+    only reader is `executorch.exir._serialize._program.deserialize_pte_binary`.
+    Checked against executorch 1.5.1."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    return deserialize_pte_binary(bytes(pte))
+
+
+# --- MLX delegate (executorch.backends.mlx) ----------------------------------------
+
+# The flatc bindings of the MLX schema: private, and generated on first use (see
+# compiler/backends/mlx/generated.py). Checked against executorch 1.5.1.
+MLX_GENERATED_PACKAGE = "executorch.backends.mlx.serialization._generated.mlx_delegate"
+
+
+def mlx_generated_class(name: str) -> type:
+    """The flatc-generated class `name` of the MLX schema (`MLXGraph`, `OpNode`, a node table);
+    imported only when asked, as the files may not exist before. Checked against executorch 1.5.1."""
+    return getattr(importlib.import_module(f"{MLX_GENERATED_PACKAGE}.{name}"), name)
+
+
+def mlx_op_node_fields() -> dict:
+    """Each MLX node type's fields and their kinds, from the generated
+    `executorch.backends.mlx._generated_inspector` (no public schema reader).
+    Checked against executorch 1.5.1."""
+    from executorch.backends.mlx._generated_inspector import OP_NODE_FIELDS
+
+    return OP_NODE_FIELDS
+
+
+def fixup_flatc_imports(generator: Any) -> None:
+    """Run the MLX generator's import fix-up on the flatc output (`_fixup_flatc_imports`), the
+    step of stock `generate.py` we need without the C++ ones. Checked against executorch 1.5.1."""
+    generator._fixup_flatc_imports()
+
+
+def mlx_include_sym_size_nodes(partitioner: Any, graph_module: Any, partitions: list) -> list:
+    """`partitions` with the sym_size nodes feeding them added, the last step of stock
+    `MLXPartitioner.partition()`, which we run piece by piece
+    (`_include_sym_size_nodes_in_partitions`). Checked against executorch 1.5.1."""
+    return partitioner._include_sym_size_nodes_in_partitions(graph_module, partitions)
+
+
+def mlx_unsupported_reasons(operator_support: Any) -> dict:
+    """Node -> why `MLXOperatorSupport` refused it (its private `_unsupported_reason`, the only
+    record of the reasons). Checked against executorch 1.5.1."""
+    return operator_support._unsupported_reason
+
+
+def mlx_nearest_source_indices(in_size: int, out_size: int, scale: float | None) -> torch.Tensor:
+    """The source index of each output position of stock's MLX upsample_nearest2d handler, to
+    compare with torch's (`executorch.backends.mlx.ops._nearest_source_indices`).
+    Checked against executorch 1.5.1."""
+    from executorch.backends.mlx.ops import _nearest_source_indices
+
+    return _nearest_source_indices(in_size, out_size, scale)
+
+
+# --- Core ML delegate (executorch.backends.apple.coreml) and coremltools -----------
+
+
+def coreml_unsupported_op_targets() -> frozenset:
+    """The ops ExecuTorch's Core ML partitioner refuses by name (`_UNSUPPORTED_OP_TARGETS`),
+    which our rules report with a reason. Checked against executorch 1.5.1."""
+    from executorch.backends.apple.coreml.partition import coreml_partitioner
+
+    return coreml_partitioner._UNSUPPORTED_OP_TARGETS
+
+
+def coreml_is_arg_min_max_over_flattened_input(node: Any) -> bool:
+    """Stock's check for an argmin/argmax over all elements, which Core ML crashes on
+    (`_is_arg_min_max_over_flattened_input`). Checked against executorch 1.5.1."""
+    from executorch.backends.apple.coreml.partition import coreml_partitioner
+
+    return coreml_partitioner._is_arg_min_max_over_flattened_input(node)
+
+
+@functools.cache
+def _torch_ops_registry() -> Any:
+    # Importing ExecuTorch's Core ML compiler registers its converters first.
+    import executorch.backends.apple.coreml.compiler  # noqa: F401
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    return _TORCH_OPS_REGISTRY
+
+
+def coreml_converters() -> dict[str, Callable[..., None]]:
+    """coremltools' torch-op converters by name, the dict itself (`_TORCH_OPS_REGISTRY
+    .name_to_func_mapping`; `register_torch_op` can add but not wrap one).
+    Checked against coremltools 9.0."""
+    return _torch_ops_registry().name_to_func_mapping
+
+
+def swap_coreml_converters(mapping: dict[str, Callable[..., None]]) -> dict[str, Callable[..., None]]:
+    """Make `mapping` coremltools' converter registry in one attribute store (every lookup
+    reads `_TORCH_OPS_REGISTRY.name_to_func_mapping` anew, so no thread sees a mix of two);
+    returns the mapping it replaced. Checked against coremltools 9.0."""
+    registry = _torch_ops_registry()
+    previous, registry.name_to_func_mapping = registry.name_to_func_mapping, mapping
+    return previous
