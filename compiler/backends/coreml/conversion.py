@@ -3,7 +3,9 @@
 Each fix wraps the converter coremltools (or ExecuTorch) registered for some
 torch ops; `installed()` puts the wrappers into coremltools' torch-op registry
 and puts the originals back afterwards, so nothing changes for other users of
-coremltools in the process.
+coremltools in the process. Compiles may run in threads: the first to enter
+installs the fixes, the last to leave restores the registry, and each swap
+replaces the whole registry at once, so no thread sees it half patched.
 
 - fills convert with the dtype torch gives them (`torch.full((1, 16), 0)` is
   int64, so int32 in Core ML, not fp32; `zeros_like(mask, dtype=float)` in
@@ -26,17 +28,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-# Importing ExecuTorch's Core ML compiler registers its own converters first, so we wrap those.
-import executorch.backends.apple.coreml.compiler  # noqa: F401
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
 from coremltools.converters.mil.frontend.torch.ops import promote_input_dtypes
 from coremltools.converters.mil.mil import types
+
+from compiler.private_api import coreml_converters, swap_coreml_converters
 
 Converter = Callable[..., None]
 
@@ -191,8 +193,7 @@ def _never_alias(original: Converter) -> Converter:
     return convert
 
 
-def _fixes() -> dict[str, Callable[[Converter], Converter]]:
-    registry = _TORCH_OPS_REGISTRY.name_to_func_mapping
+def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Converter]]:
     fixes: dict[str, Callable[[Converter], Converter]] = {name: _never_alias for name in registry}
     for name, index in _FILLS.items():
         if name in registry:
@@ -207,15 +208,49 @@ def _fixes() -> dict[str, Callable[[Converter], Converter]]:
     return fixes
 
 
+# Guards the count and the swaps below: the blocks inside `installed()` in any thread.
+_LOCK = threading.Lock()
+_users = 0
+_original: dict[str, Converter] = {}  # the registry before the first block was entered
+_fixed: dict[str, Converter] = {}  # what the registry held once the fixes went in
+
+
+def _install() -> None:
+    global _original, _fixed
+    original = coreml_converters()
+    patched = dict(original)
+    for name, fix in _fixes(original).items():
+        patched[name] = fix(original[name])
+    _fixed = dict(patched)
+    _original = swap_coreml_converters(patched)
+
+
+def _restore() -> None:
+    global _original, _fixed
+    original, fixed = _original, _fixed
+    _original, _fixed = {}, {}
+    current = swap_coreml_converters(original)
+    # A converter registered while the fixes were in (an import registering its own) stays.
+    for name, converter in current.items():
+        if fixed.get(name) is not converter:
+            original[name] = converter
+
+
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
-    """Our conversion fixes in coremltools' torch-op registry, for the duration of the block."""
-    registry = _TORCH_OPS_REGISTRY.name_to_func_mapping
-    saved = dict(registry)
+    """Our conversion fixes in coremltools' torch-op registry, for the duration of the block.
+
+    Safe to enter from several threads (and nested): the fixes go in when the first
+    block is entered and come out when the last one is left."""
+    global _users
+    with _LOCK:
+        if _users == 0:
+            _install()
+        _users += 1
     try:
-        for name, fix in _fixes().items():
-            registry[name] = fix(saved[name])
         yield
     finally:
-        registry.clear()
-        registry.update(saved)
+        with _LOCK:
+            _users -= 1
+            if _users == 0:
+                _restore()
