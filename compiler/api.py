@@ -164,35 +164,19 @@ def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix:
     return tuple(found)
 
 
-def compile(
-    model: torch.nn.Module | None,
-    example_inputs: Any = None,
-    backend: str | Backend | None = None,
-    *,
-    backend_options: Mapping[str, Any] | None = None,
-    dynamic_shapes: Any = None,
-    config: CompileConfig | None = None,
-    **options: Any,
-) -> Any:
+def compile(model: torch.nn.Module | None, example_inputs: Any = None, backend: str | Backend | None = None, **kwargs: Any) -> Any:
     """Compile `model` to an ExecuTorch program for `backend` (default: portable).
 
-    `backend_options` use the backend's own option names (those of ExecuTorch's
-    partitioner for it). `options` are the stage and run options by their names
-    (`compiler.config.options()`: fold_skip_ops, dry_run_mode, stop_after, dump_dir,
-    ...), set on top of `config`. With `resume_from`, the stage file's recorded
-    configuration is the base, and what is given here overrides it.
-    Returns an `Artifact`, or with `stop_after` that stage's artifact.
+    Keywords are those of `run_pipeline`: `backend_options` use the backend's own
+    option names (those of ExecuTorch's partitioner for it); `dynamic_shapes` as
+    torch.export takes them; `config` a `CompileConfig`; every other keyword is a
+    stage or run option by its name (`compiler.config.options()`: fold_skip_ops,
+    dry_run_mode, stop_after, dump_dir, ...), set on top of `config`. With
+    `resume_from`, the stage file's recorded configuration is the base, and what is
+    given here overrides it. Returns an `Artifact`, or with `stop_after` that
+    stage's artifact.
     """
-    result = run_pipeline(
-        model,
-        example_inputs,
-        backend,
-        backend_options=backend_options,
-        dynamic_shapes=dynamic_shapes,
-        config=config,
-        **options,
-    )
-    return finish(result)
+    return finish(run_pipeline(model, example_inputs, backend, **kwargs))
 
 
 def finish(result: PipelineRun) -> Any:

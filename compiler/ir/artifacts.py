@@ -56,6 +56,10 @@ class _ExportedArtifact:
         return graph_text(self.program)
 
 
+# What every Edge artifact holds to, whatever stage made it.
+_EDGE_INVARIANTS = (inv.program_validates, inv.edge_ops_only, inv.constants_listed_once)
+
+
 @attrs.frozen
 class AtenProgram(_ExportedArtifact):
     """A captured program in the ATen dialect (before decomposition)."""
@@ -104,13 +108,7 @@ class EdgeProgram(_ExportedArtifact):
     preserved_ops: tuple[str, ...] = ()
 
     dialect: ClassVar[str] = EDGE
-    invariants: ClassVar[tuple] = (
-        inv.program_validates,
-        inv.edge_ops_only,
-        inv.constants_listed_once,
-        inv.constants_own_their_bytes,
-        inv.constants_row_major,
-    )
+    invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (inv.constants_own_their_bytes, inv.constants_row_major)
 
 
 @attrs.frozen
@@ -123,10 +121,7 @@ class PartitionedProgram(_ExportedArtifact):
     refused_input_dtypes: frozenset[str] = frozenset()
 
     dialect: ClassVar[str] = EDGE
-    invariants: ClassVar[tuple] = (
-        inv.program_validates,
-        inv.edge_ops_only,
-        inv.constants_listed_once,
+    invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (
         inv.constants_own_their_bytes,
         inv.constants_row_major,
         inv.mutable_buffers_not_split,
@@ -163,12 +158,7 @@ class LoweredProgram(_ExportedArtifact):
     preserved_ops: tuple[str, ...] = ()
 
     dialect: ClassVar[str] = EDGE
-    invariants: ClassVar[tuple] = (
-        inv.program_validates,
-        inv.edge_ops_only,
-        inv.constants_listed_once,
-        inv.cpu_ops_have_kernels,
-    )
+    invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (inv.cpu_ops_have_kernels,)
 
     def stats(self) -> ProgramStats:
         cpu = sum(1 for _ in op_nodes(self.program))

@@ -24,11 +24,18 @@ class StageContext:
 
 
 class Stage(abc.ABC):
+    """Declared in one line: `class Fold(Stage, name="fold", takes=AtenProgram,
+    returns=AtenProgram, options=FoldOptions)`."""
+
     name: ClassVar[str]
     takes: ClassVar[type]
     returns: ClassVar[type]
     # The options this stage reads (a frozen attrs class from compiler.config).
     options: ClassVar[type] = NoOptions
+
+    def __init_subclass__(cls, *, name: str, takes: type, returns: type, options: type = NoOptions, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.takes, cls.returns, cls.options = name, takes, returns, options
 
     @abc.abstractmethod
     def run(self, artifact: Any, ctx: StageContext) -> Any:

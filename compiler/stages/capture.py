@@ -263,12 +263,7 @@ def return_types_as_tuples(ep: ExportedProgram) -> None:
         signature.out_spec = _structseqs_as_tuples(signature.out_spec)
 
 
-class Capture(Stage):
-    name = "capture"
-    takes = EagerModel
-    returns = AtenProgram
-    options = CaptureOptions
-
+class Capture(Stage, name="capture", takes=EagerModel, returns=AtenProgram, options=CaptureOptions):
     def run(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
         try:
             with torch.no_grad():

@@ -363,12 +363,8 @@ def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[s
     return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
 
 
-class Decompose(Stage):
+class Decompose(Stage, name="decompose", takes=PlannedProgram, returns=EdgeProgram):
     """Keeps whole exactly what the dry run planned; never asks the backend again."""
-
-    name = "decompose"
-    takes = PlannedProgram
-    returns = EdgeProgram
 
     def run(self, planned: PlannedProgram, ctx: StageContext) -> EdgeProgram:
         return to_edge_program(planned.program, planned.keep_whole.nodes)

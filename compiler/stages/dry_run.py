@@ -38,14 +38,17 @@ from compiler.stages.decompose import keepable, to_edge_program
 from compiler.stages.partition import partition
 
 
+def _traced_by_meta_kernel(why: str, size: str) -> str:
+    return f"{why}: kept whole, it would be traced with its meta kernel, which cannot make {size}"
+
+
 def data_dependent_size(node: torch.fx.Node) -> str | None:
     """Why `node` cannot be kept whole because its output size depends on the data, or None."""
     symbols = free_unbacked_symbols(node.meta.get("val"))
     if not symbols:
         return None
-    return (
-        f"its output size depends on the data ({', '.join(sorted(map(str, symbols)))}): kept whole, "
-        "it would be traced with its meta kernel, which cannot make such a size"
+    return _traced_by_meta_kernel(
+        f"its output size depends on the data ({', '.join(sorted(map(str, symbols)))})", "such a size"
     )
 
 
@@ -58,9 +61,8 @@ def boolean_mask_index(node: torch.fx.Node) -> str | None:
     masks = [i for i in node.args[1] if isinstance(i, torch.fx.Node) and i.meta["val"].dtype in (torch.bool, torch.uint8)]
     if not masks:
         return None
-    return (
-        f"it indexes by the boolean mask {masks[0].name}: kept whole, it would be traced with its "
-        "meta kernel, which cannot make a size that depends on the mask's values"
+    return _traced_by_meta_kernel(
+        f"it indexes by the boolean mask {masks[0].name}", "a size that depends on the mask's values"
     )
 
 
@@ -151,15 +153,10 @@ def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Nod
     return (None, because) if because else (f"the {backend.name} backend takes every kept op", None)
 
 
-class DryRun(Stage):
+class DryRun(Stage, name="dry_run", takes=AtenProgram, returns=PlannedProgram, options=DryRunOptions):
     """Its answer is the keep-whole plan on the artifact it returns (saved in stage files):
     the later stages decompose and partition from that plan alone, so a resumed run and an
     uninterrupted one run the same code."""
-
-    name = "dry_run"
-    takes = AtenProgram
-    returns = PlannedProgram
-    options = DryRunOptions
 
     def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
         program = aten.program

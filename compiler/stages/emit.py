@@ -31,12 +31,7 @@ def keep_initial_state(program: ExportedProgram) -> list[str]:
     return [target for _, target in marked]
 
 
-class Emit(Stage):
-    name = "emit"
-    takes = LoweredProgram
-    returns = ExecutorchProgram
-    options = EmitOptions
-
+class Emit(Stage, name="emit", takes=LoweredProgram, returns=ExecutorchProgram, options=EmitOptions):
     def run(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
         # to_executorch rewrites the graph in place (memory planning, out variants):
         # give it a copy so the lowered artifact stays what the lower stage returned.

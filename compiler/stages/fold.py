@@ -404,12 +404,7 @@ def resolve_op(op: Any) -> Any:
         ) from exc
 
 
-class Fold(Stage):
-    name = "fold"
-    takes = AtenProgram
-    returns = AtenProgram
-    options = FoldOptions
-
+class Fold(Stage, name="fold", takes=AtenProgram, returns=AtenProgram, options=FoldOptions):
     def run(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
         given = frozenset(resolve_op(op) for op in ctx.options.skip_ops)
         skip = given if ctx.options.replace_skip_ops else default_skip_ops(ATEN) | given

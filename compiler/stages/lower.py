@@ -35,11 +35,7 @@ class ReplayPartitioner(Partitioner):
         return PartitionResult(exported_program, dict(self.plan.partitions))
 
 
-class Lower(Stage):
-    name = "lower"
-    takes = SplitProgram
-    returns = LoweredProgram
-
+class Lower(Stage, name="lower", takes=SplitProgram, returns=LoweredProgram):
     def run(self, partitioned: SplitProgram, ctx: StageContext) -> LoweredProgram:
         if not partitioned.plan.partitions:
             return LoweredProgram(partitioned.program, partitioned.plan, partitioned.preserved_ops)

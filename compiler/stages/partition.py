@@ -69,10 +69,6 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     return PartitionedProgram(program, plan, edge.preserved_ops, refused)
 
 
-class Partition(Stage):
-    name = "partition"
-    takes = EdgeProgram
-    returns = PartitionedProgram
-
+class Partition(Stage, name="partition", takes=EdgeProgram, returns=PartitionedProgram):
     def run(self, edge: EdgeProgram, ctx: StageContext) -> PartitionedProgram:
         return partition(edge, ctx.backend)
