@@ -143,10 +143,6 @@ class CompileConfig:
         """The typed options of `stage` (an empty `NoOptions` for stages that take none)."""
         return getattr(self, stage) if stage in STAGE_OPTIONS else NoOptions()
 
-    def flat(self) -> dict[str, Any]:
-        """Every stage option by its one name (`fold_skip_ops`)."""
-        return {spec.name: getattr(self.options_for(spec.stage), spec.field) for spec in options() if spec.stage}
-
     def with_options(self, given: Mapping[str, Any]) -> "CompileConfig":
         """This configuration with the options `given` (by their one names) set."""
         specs = {spec.name: spec for spec in options()}

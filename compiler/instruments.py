@@ -10,6 +10,7 @@ others.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,7 +18,7 @@ import tempfile
 import time
 from typing import Any, Mapping, TextIO
 
-from compiler.config import CompileConfig, RunOptions
+from compiler.config import CompileConfig, RunOptions, dependency_versions
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import CompileError
 from compiler.ir.serialize import SUFFIX, can_save, save_stage_file
@@ -123,7 +124,9 @@ class VerifyEach(Instrument):
 
 
 class DumpStages(Instrument):
-    """Writes `<NN>-<stage>.txt` (readable graph) and `<NN>-<stage>.stage` (resumable) per stage."""
+    """Writes `<NN>-<stage>.txt` (readable graph) and `<NN>-<stage>.stage` (resumable) per stage,
+    and `config.json`: the run's configuration and dependency versions (which every stage
+    file records too)."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = os.fspath(directory)
@@ -135,6 +138,8 @@ class DumpStages(Instrument):
     def before_pipeline(self, config, stages, artifact):
         self.config = config
         self.index = {name: i for i, name in enumerate(stages, start=1)}
+        with open(os.path.join(self.directory, "config.json"), "w") as f:
+            json.dump({"config": config.to_json(), "versions": dependency_versions()}, f, indent=2)
 
     def path(self, stage: str, suffix: str) -> str:
         return os.path.join(self.directory, f"{self.index[stage]:02d}-{stage}{suffix}")

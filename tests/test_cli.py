@@ -94,3 +94,18 @@ def test_check_on_a_program_this_machine_cannot_run_says_so(capsys):
     assert main(["compile", "mlp", "--backend", "coreml", "--check"]) == 2
     err = capsys.readouterr().err
     assert "CoreMLBackend" in err and "cannot run" in err and "Traceback" not in err
+
+
+def test_suggested_options_are_flags_on_the_command_line_and_keywords_in_the_api():
+    from compiler.cli import render_error
+    from compiler.ir.errors import CompileError
+
+    error = CompileError(
+        "no",
+        hint="try",
+        suggest={"backend": "mlx", "fold_skip_ops": ["aten.t.default"], "verify": False, "take_over_mutable_buffer": False},
+    )
+    assert "what to do: try (--backend mlx --fold-skip-ops aten.t.default --no-verify "
+    "--backend-option take_over_mutable_buffer=false)" in render_error(error)
+    assert "what to do: try (backend='mlx', fold_skip_ops=['aten.t.default'], verify=False, "
+    "take_over_mutable_buffer=False)" in str(error)
