@@ -60,6 +60,10 @@ class MLXBackend(Backend):
 
     name = "mlx"
 
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return ("compile_specs",)  # MLXPartitioner's
+
     def __init__(self, **partitioner_options) -> None:
         ensure_generated()
         from executorch.backends.mlx.partitioner import MLXPartitioner
