@@ -42,6 +42,7 @@ from compiler.ir.dialect import op_from_name
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
+from compiler.private_api import set_verifiers
 
 logger = logging.getLogger(__name__)
 
@@ -231,9 +232,8 @@ def _restore_edge_verifier(program, preserved_ops: tuple[str, ...]) -> None:
     """A loaded Edge program gets the default Edge verifier, which refuses the ops kept whole
     for the backend (e.g. aten.linear); give it back the one that allows them."""
     ops = [op_from_name(name) for name in preserved_ops]
-    program._verifiers = [
-        EXIREdgeDialectVerifier(edge_compile_config=EdgeCompileConfig(), class_only=True, preserve_ops=ops)
-    ]
+    verifier = EXIREdgeDialectVerifier(edge_compile_config=EdgeCompileConfig(), class_only=True, preserve_ops=ops)
+    set_verifiers(program, [verifier])
 
 
 def _restore_tags(program, tags: dict[str, str]) -> None:

@@ -67,11 +67,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
+from compiler.config import CaptureOptions
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
-from compiler.config import CaptureOptions
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)

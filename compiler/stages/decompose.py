@@ -40,17 +40,15 @@ import torch
 from torch._decomp import decomposition_table as _torch_decompositions
 from torch.export import ExportedProgram
 
-from executorch.exir.program._program import (
-    _register_no_decomp_op,
-    _remove_invalid_ops_for_not_decompose,
-    _restore_transformed_ops_to_aten_ops,
-    aten_op_to_transform_op,
-)
-from executorch.exir.tracer import _default_decomposition_table
-
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
+from compiler.private_api import (
+    default_decomposition_table,
+    no_decompose_op,
+    ops_allowed_not_to_decompose,
+    restore_no_decompose_ops,
+)
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.edge_conversion import generate_edge_program
 
@@ -257,7 +255,7 @@ def _is_core(op: torch._ops.OpOverload) -> bool:
 @functools.lru_cache(maxsize=1)
 def _torch_decompositions_of_non_core_ops() -> dict:
     """torch's decomposition of every non-core ATen op ExecuTorch's table lacks."""
-    executorch_table = _default_decomposition_table()
+    executorch_table = default_decomposition_table()
     return {
         op: decomposition
         for op, decomposition in _torch_decompositions.items()
@@ -276,7 +274,7 @@ def decomposition_table(program: ExportedProgram, keep: set[torch._ops.OpOverloa
     (ExecuTorch's `adaptive_max_pool1d` makes `adaptive_max_pool2d`, ours of it
     `max_pool2d_with_indices`, ExecuTorch's `empty_like` makes `empty_permuted`), and each
     is decomposed in turn by whichever table has it."""
-    table = _default_decomposition_table()
+    table = default_decomposition_table()
     present = {node.target for node in call_nodes(program)}
     added = {op: d for op, d in _torch_decompositions_of_non_core_ops().items() if op not in keep}
     table.update(added)
@@ -304,8 +302,8 @@ def keepable(ops) -> set[torch._ops.OpOverload]:
     several = {
         op for op in ops if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and len(op._schema.returns) > 1
     }
-    kept = set(_remove_invalid_ops_for_not_decompose(sorted(ops - several, key=str))) if ops - several else set()
-    executorch_table = _default_decomposition_table()
+    kept = set(ops_allowed_not_to_decompose(sorted(ops - several, key=str))) if ops - several else set()
+    executorch_table = default_decomposition_table()
     for op in several:
         schema = op._schema
         if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
@@ -326,15 +324,14 @@ def decompose(
     renamed: list[tuple[torch.fx.Node, torch._ops.OpOverload]] = []
     for node in call_nodes(program):
         if node.name in keep_nodes:
-            _register_no_decomp_op(node.target)
             renamed.append((node, node.target))
-            node.target = aten_op_to_transform_op[node.target]
+            node.target = no_decompose_op(node.target)
     try:
         decomposed = program.run_decompositions(table)
     finally:
         for node, target in renamed:  # the input artifact must come back unchanged
             node.target = target
-    _restore_transformed_ops_to_aten_ops(decomposed)
+    restore_no_decompose_ops(decomposed)
     cast_cat_inputs(decomposed)
     return decomposed, sorted({target for _, target in renamed}, key=str)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
-from executorch.exir._serialize._program import deserialize_pte_binary
 
+from compiler.config import EmitOptions
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
-from compiler.config import EmitOptions
+from compiler.private_api import deserialize_pte
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
@@ -48,7 +48,7 @@ class Emit(Stage, name="emit", takes=LoweredProgram, returns=ExecutorchProgram, 
             emit_stacktrace=ctx.options.stacktrace,
         )
         pte = manager.to_executorch(config).buffer
-        plan = deserialize_pte_binary(pte).program.execution_plan[0]
+        plan = deserialize_pte(pte).program.execution_plan[0]
         ctx.metrics["pte_bytes"] = len(pte)
         kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]
         return ExecutorchProgram(

@@ -35,19 +35,18 @@ from torch.export.graph_signature import InputKind, TensorArgument
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 from torch.utils import _pytree as pytree
 
-from executorch.exir.dialects._ops import ops as exir_ops
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
-from executorch.exir.operator.util import _QUANT_PRIMITIVES
 from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 
+from compiler.config import FoldOptions
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, lift_constant, mutated_buffer_targets, written_arguments
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
-from compiler.config import FoldOptions
+from compiler.private_api import aten_overload, edge_ops, quant_primitives
 from compiler.stages.base import Stage, StageContext
 
+exir_ops = edge_ops()
 logger = logging.getLogger(__name__)
 
 aten = torch.ops.aten
@@ -71,7 +70,7 @@ _FILL_OPS = (
 def default_skip_ops(dialect: str) -> frozenset:
     """Ops never folded, spelled in the program's dialect: fills and dequantize primitives
     (folding a dequantize stores a quantized weight as float)."""
-    ops = [*_FILL_OPS, *_QUANT_PRIMITIVES]
+    ops = [*_FILL_OPS, *quant_primitives()]
     if dialect == EDGE:
         return frozenset(aten_to_edge(op) for op in ops)
     return frozenset(ops)
@@ -180,7 +179,7 @@ def _foldable(node: torch.fx.Node, skip: frozenset) -> bool:
         return False
     if target is operator.getitem:
         return True
-    op = target._op if isinstance(target, EdgeOpOverload) else target
+    op = aten_overload(target)
     if not isinstance(op, torch._ops.OpOverload):
         return False  # higher-order ops (control flow), symbolic-int helpers
     if torch.Tag.nondeterministic_seeded in op.tags or op._schema.is_mutable:
