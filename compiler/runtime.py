@@ -43,8 +43,8 @@ class LoadedProgram:
                 raise UnsupportedByRuntime(
                     "the program holds delegates this machine's ExecuTorch runtime cannot run: "
                     f"{', '.join(missing)}",
-                    hint="run it on a device with that backend (Core ML: macOS/iOS); "
-                    f"this runtime has {', '.join(runtime.backend_registry.registered_backend_names)}",
+                    hint=f"run it on {'; '.join(backends.runs_on(d) for d in missing)} "
+                    f"(this runtime has {', '.join(runtime.backend_registry.registered_backend_names)})",
                 )
             self._execute = executor(pte).run
         else:

@@ -29,6 +29,22 @@ _REFERENCE_EXECUTORS: dict[str, str] = {
 }
 
 
+# Delegate id -> the backend package that makes its payloads; a package may say where
+# they run (`RUNS_ON`) for the error a machine that cannot run them gives.
+_DELEGATE_PACKAGES: dict[str, str] = {
+    "CoreMLBackend": "compiler.backends.coreml",
+    "MLXBackend": "compiler.backends.mlx",
+    "XnnpackBackend": "compiler.backends.xnnpack",
+}
+
+
+def runs_on(delegate_id: str) -> str:
+    """Where payloads of this delegate run, as its backend package says."""
+    package = _DELEGATE_PACKAGES.get(delegate_id)
+    where = getattr(importlib.import_module(package), "RUNS_ON", None) if package else None
+    return where or f"a device whose ExecuTorch runtime has the {delegate_id} delegate"
+
+
 def reference_executor(delegate_ids: set[str]):
     """The reference executor class that can load programs with these delegates, or None."""
     found = {_REFERENCE_EXECUTORS.get(d) for d in delegate_ids}
@@ -74,4 +90,4 @@ def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) ->
         ) from exc
 
 
-__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "resolve"]
+__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "resolve", "runs_on"]

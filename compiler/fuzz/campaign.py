@@ -92,7 +92,7 @@ def write_reproducer(directory: str, name: str, case: Case, backend: str, campai
     path = os.path.join(directory, f"{name}.py")
     program = case.program
     header = (
-        f"# Found by `python -m compiler fuzz --backend {backend} --seed {campaign_seed}` (case {case.number}).\n"
+        f"# Found by the fuzz campaign for backend {backend!r} with seed {campaign_seed} (case {case.number}).\n"
         f"# ours:  {case.ours.kind}: {case.ours.detail}\n"
         + (f"# stock: {case.stock.kind}: {case.stock.detail}\n" if case.stock else "")
     )

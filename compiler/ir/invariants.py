@@ -219,7 +219,7 @@ def constant_tags_match_users(artifact) -> Violation | None:
 
 @invariant(
     "a mutable buffer a delegate takes over must be used only inside it; move the ops "
-    "that use it together, or keep the state on the CPU (Core ML: take_over_mutable_buffer=False)"
+    "that use it together, or keep the state on the CPU (the backend's option for taking over mutable buffers)"
 )
 def mutable_buffers_not_split(artifact) -> Violation | None:
     """A delegate that owns a buffer's state cannot share it: the other side would read stale values.

@@ -35,6 +35,8 @@ from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
+# Where Core ML payloads run (the pip ExecuTorch runtime has no Core ML delegate).
+RUNS_ON = "an Apple device (macOS, iOS) whose ExecuTorch runtime is built with the Core ML delegate"
 STAGE = "partition"
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,8 @@ class CoreMLBackend(Backend):
             raise UserInputError(
                 "lower_full_graph=True cannot be combined with skip_ops_for_coreml_delegation, "
                 "take_over_constant_data=False or take_over_mutable_buffer=False",
-                hint="drop those options, or set lower_full_graph=False",
+                hint="drop those options, or let ops Core ML refuses run on the CPU",
+                suggest={"lower_full_graph": False},
             )
         specs = list(compile_specs or [])
         target = _deployment_target(minimum_deployment_target)
@@ -102,7 +105,8 @@ class CoreMLBackend(Backend):
         if any(s.key == COMPILE_SPEC_KEYS.ENUMERATED_SHAPES.value for s in specs) and not lower_full_graph:
             raise UserInputError(
                 "enumerated shapes in compile_specs need lower_full_graph=True",
-                hint="set lower_full_graph=True",
+                hint="enumerated shapes need the whole graph in Core ML",
+                suggest={"lower_full_graph": True},
             )
         self.compile_specs = specs
         self.skip_ops_for_coreml_delegation = skipped
@@ -193,7 +197,8 @@ class CoreMLBackend(Backend):
             f"{op_name(first.target)} ({details[0].split(': ', 1)[1]})\n    " + "\n    ".join(details),
             stage=STAGE,
             nodes=[n.name for n in refused],
-            hint="Set lower_full_graph=False to run them on the CPU, or rewrite the model to avoid them",
+            hint="run them on the CPU, or rewrite the model to avoid them",
+            suggest={"lower_full_graph": False},
         )
 
     def _tag_state(self, program: ExportedProgram) -> None:
@@ -233,8 +238,8 @@ class CoreMLBackend(Backend):
                 f"in Core ML and elsewhere: {'; '.join(placed)}",
                 stage=STAGE,
                 nodes=[u.name for u in touching],
-                hint="set take_over_mutable_buffer=False to keep the buffer on the CPU, "
-                "or make the ops that use it run in Core ML",
+                hint="keep the buffer on the CPU, or make the ops that use it run in Core ML",
+                suggest={"take_over_mutable_buffer": False},
             )
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:

@@ -238,7 +238,7 @@ class MLXGraph:
         if len(payload) < _HEADER or payload[4:8] != _MAGIC:
             raise BadMLXPayload(
                 "the delegate payload is not an MLX graph (no MLX0 header)",
-                hint="was the program compiled with --backend mlx by this ExecuTorch?",
+                hint="was the program compiled for the mlx backend by this ExecuTorch?",
             )
         data_offset = struct.unpack("<Q", payload[8:16])[0]
         graph_class = mlx_generated_class("MLXGraph")

@@ -26,7 +26,7 @@ def test_lower_full_graph_fails_with_the_reason():
         compile_coreml(TwoColumns(), (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), lower_full_graph=True)
     text = str(err.value)
     assert "aten.index_put.default with an index of more than one entry next to a slice" in text
-    assert "Set lower_full_graph=False to run them on the CPU" in text
+    assert "run them on the CPU, or rewrite the model to avoid them (lower_full_graph=False)" in text
     assert "aten_index_put_default" in err.value.nodes
     assert err.value.stage == "partition"
 
