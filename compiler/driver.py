@@ -8,6 +8,7 @@ recorded for it, plus the numbers the stage itself reported.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Mapping, Sequence
 
 import attrs
@@ -18,6 +19,13 @@ from compiler.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
 from compiler.ir.report import Report, StageRecord
 from compiler.stages.base import Stage, StageContext
+
+
+# torch.export, ExecuTorch's passes and coremltools keep process-wide tracing state (torch's
+# proxy-mode slot, coremltools' MIL builder context): two stages tracing at once in two
+# threads corrupt each other. One stage runs at a time per process; compiles in threads
+# take turns stage by stage (for parallel compiles use processes).
+_ONE_STAGE_AT_A_TIME = threading.RLock()
 
 
 @attrs.frozen
@@ -83,6 +91,11 @@ class Pipeline:
 
     @staticmethod
     def _run_stage(stage: Stage, artifact: Any, ctx: StageContext, instruments: Sequence[Instrument]) -> Any:
+        with _ONE_STAGE_AT_A_TIME:
+            return Pipeline._run_stage_alone(stage, artifact, ctx, instruments)
+
+    @staticmethod
+    def _run_stage_alone(stage: Stage, artifact: Any, ctx: StageContext, instruments: Sequence[Instrument]) -> Any:
         try:
             for instrument in instruments:
                 instrument.before_stage(stage.name, artifact)

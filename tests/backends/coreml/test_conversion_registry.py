@@ -87,3 +87,39 @@ def test_a_converter_registered_inside_the_block_stays_registered():
         assert {n: c for n, c in _registry().items() if n != "made_up_converter"} == before
     finally:
         _registry().pop("made_up_converter", None)
+
+
+def test_two_core_ml_compiles_in_threads_both_convert_with_the_fixes():
+    """torch.export and coremltools keep process-wide tracing state (two at once fail with
+    "ProxyTorchDispatchMode slot already occupied" or "Var %x not visible in the block"),
+    so the driver runs one stage at a time: both compiles finish, both with the fixes."""
+    import torch
+    import torch.nn.functional as F
+
+    import compiler
+    from compiler.backends.coreml.payload import read_models
+
+    class Gelu(torch.nn.Module):
+        def forward(self, x):
+            return F.gelu(x, approximate="tanh")  # stock converts it as the exact GELU
+
+    before = dict(_registry())
+    start = threading.Barrier(2, timeout=60)
+    modes, errors = {}, []
+
+    def compile_(name: str, size: int) -> None:
+        try:
+            start.wait()
+            pte = compiler.compile(Gelu(), (torch.randn(2, size),), "coreml").pte
+            modes[name] = [op.constants["mode"] for m in read_models(pte) for op in m.ops_of_type("gelu")]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=compile_, args=args) for args in (("a", 4), ("b", 8))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert modes == {"a": ["TANH_APPROXIMATION"], "b": ["TANH_APPROXIMATION"]}
+    assert _registry() == before
