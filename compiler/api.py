@@ -87,13 +87,18 @@ def run_pipeline(
             "backend_options were given with a backend object",
             hint="build the backend object with those options instead",
         )
+    versions = dependency_versions()
+    overrides: tuple[Override, ...] = ()
     if run.resume_from:
         stage_file = load_stage_file(run.resume_from)
-        recorded = stage_file.config
         chosen = _resumed_config(stage_file, config, backend_name, backend_options, given)
+        # What differs from the recorded run: the options given, and the libraries installed.
+        overrides = _differences(
+            {**stage_file.config.to_json(), "versions": dict(stage_file.versions)},
+            {**chosen.to_json(), "versions": versions},
+        )
         artifact, start_after = stage_file.artifact, stage_file.stage
     else:
-        recorded = None
         chosen = (config or CompileConfig()).with_options(given)
         chosen = attrs.evolve(
             chosen,
@@ -113,9 +118,9 @@ def run_pipeline(
     )
     report = attrs.evolve(
         result.report,
-        versions=dependency_versions(),
+        versions=versions,
         resumed_from=run.resume_from,
-        overrides=_differences(recorded.to_json(), chosen.to_json()) if recorded else (),
+        overrides=overrides,
     )
     return attrs.evolve(result, report=report)
 

@@ -10,7 +10,7 @@ import torch
 import compiler
 from compiler.backends.coreml.payload import read_models
 from compiler.cli import main
-from compiler.config import STAGE_NAMES
+from compiler.config import STAGE_NAMES, dependency_versions
 from compiler.examples import EXAMPLES
 from compiler.private_api import deserialize_pte
 
@@ -139,3 +139,14 @@ def test_the_command_line_shows_a_failure_in_its_own_terms(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert f"resume with: python -m compiler compile --resume-from {tmp_path / 'decompose.stage'}" in err
     assert "--traceback shows where it failed" in err and "compiler.compile(" not in err
+
+
+def test_a_resume_under_other_library_versions_says_so(tmp_path, monkeypatch):
+    model, inputs = EXAMPLES["mlp"]()
+    compiler.compile(model, inputs, stop_after="capture", dump_dir=tmp_path)
+    installed = dependency_versions()
+    monkeypatch.setattr(
+        "compiler.api.dependency_versions", lambda: {**installed, "executorch": "9.9.9"}
+    )
+    report = compiler.run_pipeline(None, resume_from=tmp_path / "01-capture.stage", stop_after="fold").report
+    assert [str(o) for o in report.overrides] == [f"versions.executorch: {installed['executorch']!r} -> '9.9.9'"]

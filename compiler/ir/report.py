@@ -58,8 +58,8 @@ class Report:
     # The compile configuration (as JSON) and the dependency versions the run used.
     config: Mapping[str, Any] = attrs.field(factory=dict)
     versions: Mapping[str, Any] = attrs.field(factory=dict)
-    # Set when the run resumed from a stage file: its path, and the options given that
-    # differ from those it recorded.
+    # Set when the run resumed from a stage file: its path, and what differs from the
+    # recorded run (options given, dependency versions installed).
     resumed_from: str | None = None
     overrides: tuple[Override, ...] = ()
 
