@@ -152,17 +152,10 @@ class CompileConfig:
                 f"unknown option(s): {', '.join(unknown)}",
                 hint=f"options are: {', '.join(s.name for s in options())}",
             )
-        changes: dict[str, Any] = {}
         by_stage: dict[str, dict[str, Any]] = {}
         for name, value in given.items():
-            spec = specs[name]
-            if spec.stage:
-                by_stage.setdefault(spec.stage, {})[spec.field] = value
-            else:
-                changes[spec.field] = value
-        for stage, fields in by_stage.items():
-            changes[stage] = attrs.evolve(self.options_for(stage), **fields)
-        return attrs.evolve(self, **changes)
+            by_stage.setdefault(specs[name].stage, {})[specs[name].field] = value
+        return attrs.evolve(self, **{stage: attrs.evolve(getattr(self, stage), **fields) for stage, fields in by_stage.items()})
 
     def to_json(self) -> dict:
         """The configuration as JSON; backend options are tagged so they load back as the same
