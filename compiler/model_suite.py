@@ -53,6 +53,23 @@ def _attention(config, implementation: str):
     return config
 
 
+def _layer_sizes(hidden: int, layers: int) -> dict:
+    """The sizes every tiny transformer here shares: `layers` blocks of width `hidden`, an MLP
+    twice as wide and four attention heads, in transformers' usual keyword names."""
+    return dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4)
+
+
+def _gemma_text_sizes(hidden: int, layers: int) -> dict:
+    """Gemma's and Gemma 3's text models: heads of width 16, the four query heads sharing one
+    key/value head (multi-query attention)."""
+    return dict(_layer_sizes(hidden, layers), num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+
+
+def _vision_config(config_class, image: int, patch: int, hidden: int, layers: int, attention: str):
+    """A ViT-style vision tower's config (SigLIP, Idefics3): square `image`, `patch`-sized patches."""
+    return _attention(config_class(image_size=image, patch_size=patch, **_layer_sizes(hidden, layers)), attention)
+
+
 class Logits(nn.Module):
     """Runs a causal LM without a cache and returns only the logits tensor."""
 
@@ -89,10 +106,7 @@ def llama_static_cache(layers: int = 2, hidden: int = 64, max_cache_len: int = 1
     config = _attention(
         LlamaConfig(
             vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
+            **_layer_sizes(hidden, layers),
             num_key_value_heads=2,
             max_position_embeddings=4 * max_cache_len,
         ),
@@ -119,36 +133,10 @@ def gemma(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, att
     from transformers import GemmaConfig, GemmaForCausalLM
 
     config = _attention(
-        GemmaConfig(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            head_dim=16,
-            hidden_activation="gelu_pytorch_tanh",
-            max_position_embeddings=64,
-        ),
+        GemmaConfig(vocab_size=vocab, **_gemma_text_sizes(hidden, layers), hidden_activation="gelu_pytorch_tanh"),
         attention,
     )
     return Logits(GemmaForCausalLM(config)), (torch.randint(0, vocab, (1, seq)),)
-
-
-def _siglip_vision_config(image: int, patch: int, hidden: int, layers: int, attention: str):
-    from transformers import SiglipVisionConfig
-
-    return _attention(
-        SiglipVisionConfig(
-            image_size=image,
-            patch_size=patch,
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-        ),
-        attention,
-    )
 
 
 class Tensors(nn.Module):
@@ -167,9 +155,9 @@ class Tensors(nn.Module):
 @_needs_transformers
 def siglip(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, attention: str = "sdpa"):
     """SigLIP vision encoder; returns the patch embeddings and the pooled embedding."""
-    from transformers import SiglipVisionModel
+    from transformers import SiglipVisionConfig, SiglipVisionModel
 
-    model = SiglipVisionModel(_siglip_vision_config(image, patch, hidden, layers, attention))
+    model = SiglipVisionModel(_vision_config(SiglipVisionConfig, image, patch, hidden, layers, attention))
     return Tensors(model, "last_hidden_state", "pooler_output"), (torch.randn(1, 3, image, image),)
 
 
@@ -192,17 +180,7 @@ def smolvlm_vision_uint8(image: int = 32, patch: int = 8, hidden: int = 64, laye
     from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
     from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
 
-    config = _attention(
-        Idefics3VisionConfig(
-            image_size=image,
-            patch_size=patch,
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=4,
-        ),
-        attention,
-    )
+    config = _vision_config(Idefics3VisionConfig, image, patch, hidden, layers, attention)
     frame = torch.randint(0, 256, (image, image, 3), dtype=torch.uint8)
     return CameraFrame(Idefics3VisionTransformer(config)), (frame,)
 
@@ -234,20 +212,14 @@ class VisionLanguage(nn.Module):
 @_needs_transformers
 def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, text: int = 6, attention: str = "sdpa"):
     """Gemma 3 vision-language model (SigLIP tower, pooled projector, image-token merge, bidirectional image mask built with vmap)."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
 
-    vision = _siglip_vision_config(image, patch, hidden, 1, attention)
+    vision = _vision_config(SiglipVisionConfig, image, patch, hidden, 1, attention)
     text_config = Gemma3TextConfig(
         vocab_size=128,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
+        **_gemma_text_sizes(hidden, layers),
         sliding_window=4,
         layer_types=["sliding_attention", "full_attention"][:layers] + ["full_attention"] * (layers - 2),
-        max_position_embeddings=64,
     )
     image_tokens = 4
     config = _attention(
