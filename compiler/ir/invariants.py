@@ -8,7 +8,7 @@ nodes and the reason. `Invariant.verify` turns a violation into the
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import attrs
 import torch
@@ -48,6 +48,11 @@ class Invariant:
             )
 
 
+def _violation_if_any(offenders, reason: str) -> Violation | None:
+    """How most checks end: a violation naming the offending nodes, or None when there are none."""
+    return Violation(reason, tuple(offenders)) if offenders else None
+
+
 def invariant(hint: str) -> Callable[[Callable[[Any], Violation | None]], Invariant]:
     def wrap(check: Callable[[Any], Violation | None]) -> Invariant:
         return Invariant(check.__name__, hint, check)
@@ -70,9 +75,7 @@ def _foreign_ops(artifact, dialect: str) -> Violation | None:
         for n in call_nodes(artifact.program)
         if op_dialect(n.target) not in (None, dialect)
     ]
-    if bad:
-        return Violation(f"a {dialect.upper()} program holds ops of another dialect", tuple(bad))
-    return None
+    return _violation_if_any(bad, f"a {dialect.upper()} program holds ops of another dialect")
 
 
 @invariant("a pass inserted an op of the wrong dialect; use the op overload of the program's dialect")
@@ -88,9 +91,7 @@ def edge_ops_only(artifact) -> Violation | None:
 @invariant("capture inlines vmap regions; a stage after it must not bring functorch's markers back")
 def no_transform_regions(artifact) -> Violation | None:
     marked = [n.name for n in call_nodes(artifact.program) if n.target in TRANSFORM_MARKERS]
-    if marked:
-        return Violation("the program holds a functorch transform region (vmap) whose values are batched", tuple(marked))
-    return None
+    return _violation_if_any(marked, "the program holds a functorch transform region (vmap) whose values are batched")
 
 
 @invariant("capture makes every constant the program writes a buffer; a stage after it wrote a constant")
@@ -102,9 +103,9 @@ def constants_not_written(artifact) -> Violation | None:
         for n in ep.graph.nodes
         if n.op == "placeholder" and n.name in constants and any(writes_argument(u, n) for u in n.users)
     ]
-    if written:
-        return Violation("lifted constants are written in place (a constant's write would outlive the call)", tuple(written))
-    return None
+    return _violation_if_any(
+        written, "lifted constants are written in place (a constant's write would outlive the call)"
+    )
 
 
 @invariant("give each copy of a constant its own target (the split-constants stage does this)")
@@ -127,9 +128,7 @@ def constants_listed_once(artifact) -> Violation | None:
         and spec.target not in ep.state_dict
         and spec.target not in ep.constants
     ]
-    if missing:
-        return Violation("graph signature names constants that hold no data", tuple(missing))
-    return None
+    return _violation_if_any(missing, "graph signature names constants that hold no data")
 
 
 def owns_its_bytes(tensor: torch.Tensor) -> bool:
@@ -153,28 +152,30 @@ def plain_tensor(value: Any) -> bool:
     return type(value) in (torch.Tensor, torch.nn.Parameter)
 
 
+def _plain_constants(ep) -> Iterator[tuple[str, torch.Tensor]]:
+    """The target and value of each constant in the signature whose value is a plain tensor:
+    the ones a delegate or the runtime reads as raw bytes."""
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in CONSTANT_INPUT_KINDS:
+            value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
+            if plain_tensor(value):
+                yield spec.target, value
+
+
 @invariant(
     "a stage stored a view as a constant: store `value.clone(memory_format=torch.contiguous_format)` "
     "(capture does this for the model's own views, fold for the constants it makes)"
 )
 def constants_own_their_bytes(artifact) -> Violation | None:
-    ep = artifact.program
-    bad = []
-    for spec in ep.graph_signature.input_specs:
-        if spec.kind not in CONSTANT_INPUT_KINDS:
-            continue
-        value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
-        if plain_tensor(value) and not owns_its_bytes(value):
-            bad.append(
-                f"{spec.target} ({value.numel() * value.element_size()} bytes at element offset "
-                f"{value.storage_offset()} of a {value.untyped_storage().nbytes()}-byte storage)"
-            )
-    if bad:
-        return Violation(
-            "constants are views into a larger storage; a delegate would serialize the wrong bytes",
-            tuple(bad),
-        )
-    return None
+    views = [
+        f"{target} ({value.numel() * value.element_size()} bytes at element offset "
+        f"{value.storage_offset()} of a {value.untyped_storage().nbytes()}-byte storage)"
+        for target, value in _plain_constants(artifact.program)
+        if not owns_its_bytes(value)
+    ]
+    return _violation_if_any(
+        views, "constants are views into a larger storage; a delegate would serialize the wrong bytes"
+    )
 
 
 @invariant(
@@ -182,18 +183,14 @@ def constants_own_their_bytes(artifact) -> Violation | None:
     "(capture does this for the model's constants, fold for the constants it makes)"
 )
 def constants_row_major(artifact) -> Violation | None:
-    ep = artifact.program
-    bad = []
-    for spec in ep.graph_signature.input_specs:
-        value = ep.state_dict.get(spec.target, ep.constants.get(spec.target))
-        if spec.kind in CONSTANT_INPUT_KINDS and plain_tensor(value) and not row_major(value):
-            bad.append(f"{spec.target} (shape {tuple(value.shape)}, strides {value.stride()})")
-    if bad:
-        return Violation(
-            "constants are not stored row-major; ExecuTorch reads a dim order from the strides and refuses most",
-            tuple(bad),
-        )
-    return None
+    strided = [
+        f"{target} (shape {tuple(value.shape)}, strides {value.stride()})"
+        for target, value in _plain_constants(artifact.program)
+        if not row_major(value)
+    ]
+    return _violation_if_any(
+        strided, "constants are not stored row-major; ExecuTorch reads a dim order from the strides and refuses most"
+    )
 
 
 @invariant("constants must be tagged like all their users; split shared constants per tag group")
@@ -212,9 +209,7 @@ def constant_tags_match_users(artifact) -> Violation | None:
                 bad.append(
                     f"{node.name} (tag {tag}) -> {user.name} (tag {user.meta.get(DELEGATION_TAG)})"
                 )
-    if bad:
-        return Violation("a constant is tagged for a delegate but read by a node with another tag", tuple(bad))
-    return None
+    return _violation_if_any(bad, "a constant is tagged for a delegate but read by a node with another tag")
 
 
 @invariant(
@@ -242,9 +237,7 @@ def mutable_buffers_not_split(artifact) -> Violation | None:
         owner = placeholder.meta[DELEGATION_TAG]
         if any(n.meta.get(DELEGATION_TAG) != owner for n in touching):
             bad += [f"{n.name} on {n.meta.get(DELEGATION_TAG) or 'cpu'}" for n in touching]
-    if bad:
-        return Violation("a mutable buffer owned by a delegate is also used outside it", tuple(bad))
-    return None
+    return _violation_if_any(bad, "a mutable buffer owned by a delegate is also used outside it")
 
 
 @invariant("leave the op reading that tensor on the CPU up to a conversion the backend takes")
@@ -262,9 +255,7 @@ def delegate_inputs_have_supported_dtypes(artifact) -> Violation | None:
             dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
             if source.meta.get(DELEGATION_TAG) != tag and dtype in refused:
                 bad.append(f"{node.name} ({tag}) reads {source.name} ({dtype})")
-    if bad:
-        return Violation("a delegate takes an input of a dtype its backend cannot take", tuple(bad))
-    return None
+    return _violation_if_any(bad, "a delegate takes an input of a dtype its backend cannot take")
 
 
 @invariant(
@@ -283,15 +274,11 @@ def cpu_ops_have_kernels(artifact) -> Violation | None:
         wrong = wrong_kernel(node)
         if wrong:
             bad.append(f"{node.name} ({op_name(node.target)}: the runtime's kernel is wrong here: {wrong})")
-    if bad:
-        return Violation("ops left on the CPU have no kernel, or a wrong one, in the ExecuTorch runtime", tuple(bad))
-    return None
+    return _violation_if_any(bad, "ops left on the CPU have no kernel, or a wrong one, in the ExecuTorch runtime")
 
 
 @invariant("the program would fail to load; see the operators named and keep them off the CPU")
 def pte_operators_registered(artifact) -> Violation | None:
     kernels = registered_kernels()
     bad = [name for name in artifact.operators if name not in kernels]
-    if bad:
-        return Violation("the .pte calls operators the ExecuTorch runtime does not register", tuple(bad))
-    return None
+    return _violation_if_any(bad, "the .pte calls operators the ExecuTorch runtime does not register")
