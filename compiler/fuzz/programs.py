@@ -14,6 +14,7 @@ noise is small, so a mismatch on them is a real bug, not a coin flip.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from typing import Callable
@@ -394,17 +395,22 @@ def view(b: _Builder) -> bool:
     return b.assign(f"{x.name}.expand{_dims(sizes)}")
 
 
-def _value_and_long_dim(b: _Builder) -> tuple[Value, int] | None:
-    """A value and one of its dims of size 2 or more (something to slice or split)."""
-    x = b.pick(lambda v: any(d >= 2 for d in v.shape))
-    return None if x is None else (x, b.choice([i for i, d in enumerate(x.shape) if d >= 2]))
+def _along_a_long_dim(step: Callable[[_Builder, Value, int], bool]) -> Callable[[_Builder], bool]:
+    """A step that cuts a value along one of its dims of size 2 or more (slicing, splitting):
+    it is given the value and the dim, and adds nothing when no value has such a dim."""
+
+    @functools.wraps(step)
+    def cut(b: _Builder) -> bool:
+        x = b.pick(lambda v: any(d >= 2 for d in v.shape))
+        if x is None:
+            return False
+        return step(b, x, b.choice([i for i, d in enumerate(x.shape) if d >= 2]))
+
+    return cut
 
 
-def slicing(b: _Builder) -> bool:
-    picked = _value_and_long_dim(b)
-    if picked is None:
-        return False
-    x, dim = picked
+@_along_a_long_dim
+def slicing(b: _Builder, x: Value, dim: int) -> bool:
     size = x.shape[dim]
     prefix = ":, " * dim
     kind = b.choice(("slice", "narrow", "select", "negative", "step"))
@@ -438,11 +444,8 @@ def join(b: _Builder) -> bool:
     return b.assign(f"torch.cat([{x.name}, {y.name}], {dim})", noise)
 
 
-def split(b: _Builder) -> bool:
-    picked = _value_and_long_dim(b)
-    if picked is None:
-        return False
-    x, dim = picked
+@_along_a_long_dim
+def split(b: _Builder, x: Value, dim: int) -> bool:
     size = x.shape[dim]
     kind = b.choice(("split", "sizes", "unbind", "chunk"))
     if kind == "split":
