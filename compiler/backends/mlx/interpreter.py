@@ -61,21 +61,27 @@ class Vid(NamedTuple):
     idx: int
 
 
-# ExecuTorch ScalarType values (runtime/core/portable_type/scalar_type.h).
+# ExecuTorch ScalarType values (runtime/core/portable_type/scalar_type.h) and the dtype each
+# stands for, by its name: torch and MLX name their dtypes alike (but MLX's `bool_`), so one
+# name per code keeps the two sides of `_SCALAR_TYPES` from disagreeing.
+_SCALAR_TYPE_NAMES = {
+    0: "uint8",
+    1: "int8",
+    2: "int16",
+    3: "int32",
+    4: "int64",
+    5: "float16",
+    6: "float32",
+    7: "float64",
+    11: "bool",
+    15: "bfloat16",
+    27: "uint16",
+    28: "uint32",
+    29: "uint64",
+}
 _SCALAR_TYPES: dict[int, tuple[Any, torch.dtype]] = {
-    0: (mx.uint8, torch.uint8),
-    1: (mx.int8, torch.int8),
-    2: (mx.int16, torch.int16),
-    3: (mx.int32, torch.int32),
-    4: (mx.int64, torch.int64),
-    5: (mx.float16, torch.float16),
-    6: (mx.float32, torch.float32),
-    7: (mx.float64, torch.float64),
-    11: (mx.bool_, torch.bool),
-    15: (mx.bfloat16, torch.bfloat16),
-    27: (mx.uint16, torch.uint16),
-    28: (mx.uint32, torch.uint32),
-    29: (mx.uint64, torch.uint64),
+    code: (getattr(mx, "bool_" if name == "bool" else name), getattr(torch, name))
+    for code, name in _SCALAR_TYPE_NAMES.items()
 }
 _TORCH_TO_MX = {t: m for m, t in _SCALAR_TYPES.values()}
 

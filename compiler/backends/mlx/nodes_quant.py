@@ -14,22 +14,30 @@ import mlx.core as mx
 from compiler.backends.mlx.interpreter import Interpreter, mx_dtype, node
 
 
-def _sorted_indices(it: Interpreter, f: dict) -> bool:
-    """A run-time flag, when the payload has one, overrides the static bool."""
-    if f["sorted_indices_flag"] is not None:
-        return int(it.v(f["sorted_indices_flag"])) != 0
-    return bool(f["sorted_indices"])
+def _gathering(it: Interpreter, f: dict) -> dict:
+    """Which matrices a gathered product takes, as mlx.core's keywords; a run-time sorted
+    flag, when the payload has one, overrides the static bool."""
+    lhs, rhs = it.t(f["lhs_indices"]), it.t(f["rhs_indices"])
+    flag = f["sorted_indices_flag"]
+    sorted_indices = int(it.v(flag)) != 0 if flag is not None else bool(f["sorted_indices"])
+    return {"lhs_indices": lhs, "rhs_indices": rhs, "sorted_indices": sorted_indices}
+
+
+def _packed_weight(it: Interpreter, f: dict) -> tuple[mx.array, mx.array, mx.array]:
+    """The quantized weight's arrays, in the order mlx.core takes them: packed words, scales, biases."""
+    return it.t(f["w"]), it.t(f["scales"]), it.t(f["biases"])
+
+
+def _packing(f: dict) -> dict:
+    """How the weight is packed, as mlx.core's keywords: elements per scale, bits per element, mode."""
+    return {"group_size": f["group_size"], "bits": f["bits"], "mode": f["mode"]}
 
 
 @node("DequantizeNode")
 def _dequantize(it: Interpreter, f: dict) -> None:
     out = mx.dequantize(
-        it.t(f["w"]),
-        it.t(f["scales"]),
-        it.t(f["biases"]),
-        group_size=f["group_size"],
-        bits=f["bits"],
-        mode=f["mode"],
+        *_packed_weight(it, f),
+        **_packing(f),
         global_scale=it.t(f["global_scale"]),
         dtype=None if f["dtype"] is None else mx_dtype(f["dtype"]),
     )
@@ -38,44 +46,19 @@ def _dequantize(it: Interpreter, f: dict) -> None:
 
 @node("QuantizedMatmulNode")
 def _quantized_matmul(it: Interpreter, f: dict) -> None:
-    out = mx.quantized_matmul(
-        it.t(f["x"]),
-        it.t(f["w"]),
-        it.t(f["scales"]),
-        it.t(f["biases"]),
-        transpose=bool(f["transpose"]),
-        group_size=f["group_size"],
-        bits=f["bits"],
-        mode=f["mode"],
-    )
+    out = mx.quantized_matmul(it.t(f["x"]), *_packed_weight(it, f), transpose=bool(f["transpose"]), **_packing(f))
     it.set(f["out"], out)
 
 
 @node("GatherMmNode")
 def _gather_mm(it: Interpreter, f: dict) -> None:
-    out = mx.gather_mm(
-        it.t(f["a"]),
-        it.t(f["b"]),
-        it.t(f["lhs_indices"]),
-        it.t(f["rhs_indices"]),
-        sorted_indices=_sorted_indices(it, f),
-    )
+    out = mx.gather_mm(it.t(f["a"]), it.t(f["b"]), **_gathering(it, f))
     it.set(f["out"], out)
 
 
 @node("GatherQmmNode")
 def _gather_qmm(it: Interpreter, f: dict) -> None:
     out = mx.gather_qmm(
-        it.t(f["x"]),
-        it.t(f["w"]),
-        it.t(f["scales"]),
-        it.t(f["biases"]),
-        it.t(f["lhs_indices"]),
-        it.t(f["rhs_indices"]),
-        transpose=bool(f["transpose"]),
-        group_size=f["group_size"],
-        bits=f["bits"],
-        mode=f["mode"],
-        sorted_indices=_sorted_indices(it, f),
+        it.t(f["x"]), *_packed_weight(it, f), transpose=bool(f["transpose"]), **_packing(f), **_gathering(it, f)
     )
     it.set(f["out"], out)
