@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from compiler.backends.mlx.rewrites import copy_mismatch, torch_nearest_scales
+from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
 from compiler.private_api import aten_overload, mlx_nearest_source_indices
 
@@ -331,7 +332,7 @@ def nearest_rows_unlike_torch(node: torch.fx.Node) -> Optional[str]:
 
 
 # Every rule: node -> None when MLX may take it, else the reason it may not.
-RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
+RULES: tuple[NodeRule, ...] = (
     boolean_index,
     same_rank_single_index,
     dtype_mlx_cannot_hold,
@@ -347,13 +348,7 @@ RULES: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
 
 def refusal(node: torch.fx.Node) -> Optional[str]:
     """The reason the first rule refuses `node` for MLX, or None."""
-    if node.op != "call_function":
-        return None
-    for rule in RULES:
-        reason = rule(node)
-        if reason:
-            return reason
-    return None
+    return first_refusal(node, RULES)
 
 
 class GuardedSupport(OperatorSupportBase):

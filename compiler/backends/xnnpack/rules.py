@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch.export import ExportedProgram
 
 from executorch.backends.xnnpack.utils.quant_utils import is_dynamic_qdq
 
+from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import lift_constant
@@ -413,7 +414,7 @@ def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
 
 
 # Every rule: node -> None when stock's config may take it, else the reason it may not.
-REFUSALS: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
+REFUSALS: tuple[NodeRule, ...] = (
     addmm_scaled,
     max_dim_stock_cannot_pool,
     nhwc_op_not_4d,
@@ -423,13 +424,7 @@ REFUSALS: tuple[Callable[[torch.fx.Node], Optional[str]], ...] = (
 
 def refusal(node: torch.fx.Node) -> Optional[str]:
     """The reason the first rule refuses `node` for XNNPACK, or None."""
-    if node.op != "call_function":
-        return None
-    for rule in REFUSALS:
-        reason = rule(node)
-        if reason:
-            return reason
-    return None
+    return first_refusal(node, REFUSALS)
 
 
 def refuse_in_configs(partitioner) -> None:
