@@ -10,6 +10,7 @@ import torch
 
 import compiler
 from compiler.backends.mlx import support
+from compiler.backends.node_rules import first_refusal
 from compiler.ir.dialect import op_name
 
 
@@ -98,7 +99,7 @@ def test_mlx_support_check_runs_with_symbolic_floats_hidden_and_the_rule_refuses
         stock = MLXOperatorSupport(program, [])
     nodes = {n.name: n for n in program.graph.nodes}
     assert isinstance(nodes["_local_scalar_dense"].meta["val"], torch.SymFloat)  # given back
-    refused = {op_name(n.target): support.refusal(n) for n in program.graph.nodes if support.refusal(n)}
+    refused = {op_name(n.target): why for n in program.graph.nodes if (why := first_refusal(n, support.RULES))}
     assert set(refused) == {"aten._local_scalar_dense.default", "aten.scalar_tensor.default"}
     assert all("symbolic float zuf" in why for why in refused.values())
     mul = next(n for n in program.graph.nodes if n.op == "call_function" and "mul" in str(n.target))

@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.mlx import rewrites, support
+from compiler.backends.node_rules import first_refusal
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import state_not_starting_at_zero
@@ -76,7 +77,7 @@ class MLXBackend(Backend):
         # An op one of our rules sends to the CPU must not be kept whole for MLX
         # (the same rule stock applies to the nodes its own check declines).
         refused = {
-            n.target for n in program.graph.nodes if n.op == "call_function" and support.refusal(n)
+            n.target for n in program.graph.nodes if first_refusal(n, support.RULES)
         }
         return KeepWhole(frozenset(op for op in ops if op not in refused))
 

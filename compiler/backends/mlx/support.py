@@ -346,11 +346,6 @@ RULES: tuple[NodeRule, ...] = (
 )
 
 
-def refusal(node: torch.fx.Node) -> Optional[str]:
-    """The reason the first rule refuses `node` for MLX, or None."""
-    return first_refusal(node, RULES)
-
-
 class GuardedSupport(OperatorSupportBase):
     """ExecuTorch's MLX support check, with our rules applied first."""
 
@@ -359,7 +354,7 @@ class GuardedSupport(OperatorSupportBase):
         self.refused: dict[str, str] = {}
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        reason = refusal(node) or _dead_only_to_stock(node)
+        reason = first_refusal(node, RULES) or _dead_only_to_stock(node)
         if reason:
             self.refused[node.name] = reason
             return False
@@ -374,7 +369,7 @@ def _dead_only_to_stock(node: torch.fx.Node) -> str | None:
 
     if REGISTRY.get_handler(node) is not None:
         return None
-    refused = next((u for u in node.users if u.op == "call_function" and refusal(u)), None)
+    refused = next((u for u in node.users if first_refusal(u, RULES)), None)
     if refused is None:
         return None
     return f"MLX has no handler for {op_name(node.target)}, and its user {refused.name} runs on the CPU"

@@ -32,7 +32,7 @@ the delegate refuses ("Output node ... is already in the inputs"; stock fails so
 Other node visitors read less of a node than its op means, and stock's configs take
 the node anyway (found by tests/backends/xnnpack/test_xnnpack_support_table.py, which
 compiles every op the configs claim with each non-tensor argument off its default):
-`refusal` lists the rules, each a small function saying what stock does wrong, and
+`REFUSALS` lists the rules, each a small function saying what stock does wrong, and
 `refuse_in_configs` makes every config check them first, so such a node is neither kept
 whole at decomposition nor taken by the partition search, and runs on the CPU with that
 reason. Where a plain rewrite keeps the node right on XNNPACK, it is rewritten instead
@@ -422,24 +422,19 @@ REFUSALS: tuple[NodeRule, ...] = (
 )
 
 
-def refusal(node: torch.fx.Node) -> Optional[str]:
-    """The reason the first rule refuses `node` for XNNPACK, or None."""
-    return first_refusal(node, REFUSALS)
-
-
 def refuse_in_configs(partitioner) -> None:
-    """Make every config of `partitioner` apply `refusal` before its own check: a node a
+    """Make every config of `partitioner` apply `REFUSALS` before its own check: a node a
     rule refuses is then neither kept whole (`ops_to_not_decompose` asks the same check)
     nor taken by the partition search."""
     for config in partitioner.target_partitioner_configs.values():
         stock = config.check_constraints
 
         def check(node: torch.fx.Node, ep: ExportedProgram, stock=stock) -> bool:
-            return refusal(node) is None and stock(node, ep)
+            return first_refusal(node, REFUSALS) is None and stock(node, ep)
 
         config.check_constraints = check
 
 
 def refused_nodes(program: ExportedProgram) -> dict[str, str]:
     """Node name -> the reason a rule refuses it, for the placement plan."""
-    return {node.name: reason for node in program.graph.nodes if (reason := refusal(node))}
+    return {node.name: reason for node in program.graph.nodes if (reason := first_refusal(node, REFUSALS))}
