@@ -153,7 +153,8 @@ class CoreMLBackend(Backend):
                 if value.dim() > rules.CORE_ML_MAX_RANK:
                     return f"{node.name} has rank {value.dim()}"
         if not self.rule_context.ios18:
-            fed = set(n for n in program.graph.nodes if n.name in program.graph_signature.user_inputs)
+            user_inputs = set(program.graph_signature.user_inputs)  # a property that rebuilds its tuple
+            fed = {n for n in program.graph.nodes if n.name in user_inputs}
             for node in program.graph.nodes:
                 if node not in fed and any(a in fed for a in node.all_input_nodes):
                     fed.add(node)
