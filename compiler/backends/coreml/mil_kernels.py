@@ -1,0 +1,513 @@
+"""numpy kernels of MIL ops, written from coremltools' MIL op specification (`mil/ops/defs`).
+
+One function per op type, called with the op's inputs by their MIL names (a tuple input
+as a list); it returns the output value, or a tuple for ops with several outputs. The
+interpreter casts each result to the dtype the MIL program declares for it, so a float16
+op's result is rounded to float16 as the device stores it. Elementwise ops compute in
+their inputs' dtype (numpy rounds each float16 operation); ops that accumulate (matmul,
+linear, conv, reductions, softmax, normalizations, attention) compute from their float16
+inputs in float32 and round once: how a device accumulates inside one op is its own
+choice, what it stores between ops is the program's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+# MIL dtype names (cast's `dtype`) -> numpy dtypes.
+DTYPES = {
+    "fp16": np.float16, "fp32": np.float32, "fp64": np.float64, "bool": np.bool_,
+    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16,
+    "int32": np.int32, "int64": np.int64, "uint32": np.uint32,
+}
+
+KERNELS: dict[str, Callable] = {}
+
+
+def kernel(*names: str):
+    def register(fn):
+        for name in names:
+            KERNELS[name] = fn
+        return fn
+
+    return register
+
+
+def _f32(x):
+    """A float value widened to float32 for an accumulating op (integers kept)."""
+    x = np.asarray(x)
+    return x.astype(np.float32) if x.dtype.kind == "f" and x.itemsize < 4 else x
+
+
+_ERF = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(x):
+    """erf rounded to x's dtype (numpy has no erf; math.erf is correctly rounded in float64)."""
+    x = np.asarray(x)
+    return _ERF(x).astype(x.dtype)
+
+
+def _logsumexp(x, axis, keepdims):
+    top = np.max(x, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def _axes(axes, rank):
+    return None if axes is None else tuple(int(a) % rank if rank else 0 for a in np.atleast_1d(axes))
+
+
+# --- elementwise binary (iOS15/elementwise_binary.py) -------------------------------
+
+_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "real_div": np.true_divide,
+    "floor_div": np.floor_divide, "mod": np.mod, "pow": np.power, "maximum": np.maximum,
+    "minimum": np.minimum, "equal": np.equal, "not_equal": np.not_equal,
+    "greater": np.greater, "greater_equal": np.greater_equal, "less": np.less,
+    "less_equal": np.less_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+for _name, _fn in _BINARY.items():
+    KERNELS[_name] = lambda x, y, _fn=_fn: _fn(np.asarray(x), np.asarray(y))
+
+
+# --- elementwise unary (iOS15/elementwise_unary.py, iOS17/elementwise_unary.py) ------
+
+_UNARY = {
+    "abs": np.abs, "acos": np.arccos, "asin": np.arcsin, "atan": np.arctan,
+    "atanh": np.arctanh, "acosh": np.arccosh, "asinh": np.arcsinh, "ceil": np.ceil,
+    "cos": np.cos, "cosh": np.cosh, "exp": np.exp, "exp2": np.exp2, "floor": np.floor,
+    "logical_not": np.logical_not, "round": np.round, "sign": np.sign, "sin": np.sin,
+    "sinh": np.sinh, "sqrt": np.sqrt, "square": np.square, "tan": np.tan, "tanh": np.tanh,
+    "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "softsign": lambda x: x / (1 + np.abs(x)),
+    "softplus": lambda x: np.logaddexp(np.zeros((), x.dtype), x),
+    "erf": lambda x: _erf(x),
+    "identity": lambda x: x,
+}
+for _name, _fn in _UNARY.items():
+    KERNELS[_name] = lambda x, _fn=_fn: _fn(np.asarray(x))
+
+
+@kernel("inverse")
+def inverse(x, epsilon=1e-4):
+    return 1 / (x + np.asarray(epsilon, x.dtype))
+
+
+@kernel("log")
+def log(x, epsilon=1e-45):
+    return np.log(x + np.asarray(epsilon, x.dtype))
+
+
+@kernel("rsqrt")
+def rsqrt(x, epsilon=1e-12):
+    return 1 / np.sqrt(x + np.asarray(epsilon, x.dtype))
+
+
+@kernel("clip")
+def clip(x, alpha, beta):
+    return np.minimum(np.maximum(x, alpha), beta)
+
+
+@kernel("threshold")
+def threshold(x, alpha):
+    return np.maximum(x, alpha)
+
+
+@kernel("cast")
+def cast(x, dtype):
+    # Float to integer truncates toward zero, as numpy's astype.
+    return np.asarray(x).astype(DTYPES[str(dtype)])
+
+
+# --- activations (iOS15/activation.py) ---------------------------------------------
+
+
+@kernel("gelu")
+def gelu(x, mode="EXACT"):
+    half = np.asarray(0.5, x.dtype)
+    if mode == "EXACT":
+        return half * x * (1 + _erf(x / np.asarray(math.sqrt(2), x.dtype)))
+    if mode == "TANH_APPROXIMATION":
+        inner = np.asarray(math.sqrt(2 / math.pi), x.dtype) * (x + np.asarray(0.044715, x.dtype) * x**3)
+        return half * x * (1 + np.tanh(inner))
+    if mode == "SIGMOID_APPROXIMATION":
+        return x / (1 + np.exp(np.asarray(-1.702, x.dtype) * x))
+    raise ValueError(f"gelu mode {mode!r}")
+
+
+@kernel("relu6")
+def relu6(x):
+    return np.minimum(np.maximum(x, 0), 6)
+
+
+@kernel("leaky_relu")
+def leaky_relu(x, alpha=0.01):
+    return np.where(x >= 0, x, x * alpha)
+
+
+@kernel("elu")
+def elu(x, alpha=1.0):
+    return np.where(x > 0, x, alpha * (np.exp(x) - 1))
+
+
+@kernel("sigmoid_hard")
+def sigmoid_hard(x, alpha=0.2, beta=0.5):
+    return np.minimum(np.maximum(alpha * x + beta, 0), 1)
+
+
+@kernel("linear_activation")
+def linear_activation(x, alpha, beta=0.0):
+    return alpha * x + beta
+
+
+@kernel("prelu")
+def prelu(x, alpha):
+    alpha = np.asarray(alpha).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return np.where(x >= 0, x, x * alpha)
+
+
+@kernel("softmax")
+def softmax(x, axis=-1):
+    x = _f32(x)
+    e = np.exp(x - np.max(x, axis=int(axis), keepdims=True))
+    return e / np.sum(e, axis=int(axis), keepdims=True)
+
+
+# --- linear algebra (iOS15/linear.py, iOS17/linear.py) ------------------------------
+
+
+@kernel("linear")
+def linear(x, weight, bias=None):
+    out = np.matmul(_f32(x), _f32(weight).T)
+    return out if bias is None else out + _f32(bias)
+
+
+@kernel("matmul")
+def matmul(x, y, transpose_x=False, transpose_y=False):
+    x, y = _f32(x), _f32(y)
+    if transpose_x and x.ndim > 1:
+        x = np.swapaxes(x, -1, -2)
+    if transpose_y and y.ndim > 1:
+        y = np.swapaxes(y, -1, -2)
+    return np.matmul(x, y)
+
+
+@kernel("scaled_dot_product_attention")
+def scaled_dot_product_attention(query, key, value, attn_mask=None):
+    q, k, v = _f32(query), _f32(key), _f32(value)
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) / np.float32(math.sqrt(q.shape[-1]))
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == np.bool_ else scores + _f32(mask)
+    return np.matmul(softmax(scores, -1), v)
+
+
+# --- convolution and pooling (iOS15/conv.py, iOS15/pool.py) -------------------------
+
+
+def _pads(pad_type, pad, spatial, kernel_sizes, strides, dilations):
+    """(before, after) per spatial axis, from the spec's pad_type rules."""
+    n = len(spatial)
+    if pad_type == "valid":
+        return [(0, 0)] * n
+    if pad_type == "custom":
+        pad = [int(p) for p in (pad if pad is not None else [0] * 2 * n)]
+        return [(pad[2 * i], pad[2 * i + 1]) for i in range(n)]
+    pads = []
+    for size, k, s, d in zip(spatial, kernel_sizes, strides, dilations):
+        total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        before = total // 2 if pad_type == "same" else (total + 1) // 2
+        pads.append((before, total - before))
+    return pads
+
+
+def _windows(x, kernel_sizes, strides, dilations, pads, fill):
+    """x (N, C, *D) -> windows (N, C, *D_out, *K) after padding with `fill`."""
+    n = len(kernel_sizes)
+    xp = np.pad(x, [(0, 0), (0, 0)] + list(pads), constant_values=fill)
+    dilated = tuple((k - 1) * d + 1 for k, d in zip(kernel_sizes, dilations))
+    w = sliding_window_view(xp, dilated, axis=tuple(range(2, 2 + n)))
+    index = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides) + tuple(
+        slice(None, None, d) for d in dilations)
+    return w[index]
+
+
+@kernel("conv")
+def conv(x, weight, bias=None, strides=None, pad_type="valid", pad=None, dilations=None, groups=1):
+    x, weight = _f32(x), _f32(weight)
+    n, groups = x.ndim - 2, int(groups)
+    ks = weight.shape[2:]
+    strides = [int(s) for s in (strides if strides is not None else [1] * n)]
+    dilations = [int(d) for d in (dilations if dilations is not None else [1] * n)]
+    pads = _pads(pad_type, pad, x.shape[2:], ks, strides, dilations)
+    w = _windows(x, ks, strides, dilations, pads, 0)  # (N, C, *Do, *K)
+    batch, channels = w.shape[:2]
+    w = w.reshape((batch, groups, channels // groups) + w.shape[2:])
+    kernel_weight = weight.reshape((groups, weight.shape[0] // groups) + weight.shape[1:])
+    letters = "hijklm"[:n]
+    kl = "pqrstu"[:n]
+    out = np.einsum(f"ngc{letters}{kl},goc{kl}->ngo{letters}", w, kernel_weight)
+    out = out.reshape((batch, weight.shape[0]) + out.shape[3:])
+    if bias is not None:
+        out = out + _f32(bias).reshape((1, -1) + (1,) * n)
+    return out
+
+
+def _pool(x, kernel_sizes, strides, pad_type, pad, ceil_mode, fill):
+    n = x.ndim - 2
+    ks = [int(k) for k in kernel_sizes]
+    strides = [int(s) for s in (strides if strides is not None else [1] * n)]
+    pads = _pads(pad_type, pad, x.shape[2:], ks, strides, [1] * n)
+    if ceil_mode:  # the last window may start inside the input and end past its padding
+        extended = []
+        for size, k, s, (b, a) in zip(x.shape[2:], ks, strides, pads):
+            out = math.ceil((size + b + a - k) / s) + 1
+            if (out - 1) * s >= size + b:  # a window must start inside the input or left padding
+                out -= 1
+            extended.append((b, max(a, (out - 1) * s + k - size - b)))
+        pads = extended
+    return _windows(x, ks, strides, [1] * n, pads, fill), n
+
+
+@kernel("max_pool")
+def max_pool(x, kernel_sizes, strides=None, pad_type="valid", pad=None, ceil_mode=False):
+    w, n = _pool(np.asarray(x), kernel_sizes, strides, pad_type, pad, ceil_mode, -np.inf)
+    return w.max(axis=tuple(range(-n, 0)))
+
+
+@kernel("avg_pool")
+def avg_pool(x, kernel_sizes, strides=None, pad_type="valid", pad=None,
+             exclude_padding_from_average=False, ceil_mode=False):
+    x = _f32(x)
+    w, n = _pool(x, kernel_sizes, strides, pad_type, pad, ceil_mode, 0)
+    total = w.sum(axis=tuple(range(-n, 0)))
+    if exclude_padding_from_average:
+        ones, _ = _pool(np.ones_like(x), kernel_sizes, strides, pad_type, pad, ceil_mode, 0)
+        return total / ones.sum(axis=tuple(range(-n, 0)))
+    return total / np.float32(np.prod([int(k) for k in kernel_sizes]))
+
+
+# --- normalization (iOS15/normalization.py) -----------------------------------------
+
+
+@kernel("layer_norm")
+def layer_norm(x, axes=None, gamma=None, beta=None, epsilon=1e-5):
+    x = _f32(x)
+    axes = _axes(axes, x.ndim) or tuple(range(x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    out = (x - mean) / np.sqrt(var + np.float32(epsilon))
+    shape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    if gamma is not None:
+        out = out * _f32(gamma).reshape(shape)
+    if beta is not None:
+        out = out + _f32(beta).reshape(shape)
+    return out
+
+
+@kernel("batch_norm")
+def batch_norm(x, mean, variance, gamma=None, beta=None, epsilon=1e-5):
+    x = _f32(x)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    out = (x - _f32(mean).reshape(shape)) / np.sqrt(_f32(variance).reshape(shape) + np.float32(epsilon))
+    if gamma is not None:
+        out = out * _f32(gamma).reshape(shape)
+    if beta is not None:
+        out = out + _f32(beta).reshape(shape)
+    return out
+
+
+# --- reductions (iOS15/reduction.py) ------------------------------------------------
+
+_REDUCE = {
+    "reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min,
+    "reduce_prod": np.prod,
+    "reduce_sum_square": lambda x, axis, keepdims: np.sum(x * x, axis=axis, keepdims=keepdims),
+    "reduce_l1_norm": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+    "reduce_l2_norm": lambda x, axis, keepdims: np.sqrt(np.sum(x * x, axis=axis, keepdims=keepdims)),
+    "reduce_log_sum": lambda x, axis, keepdims: np.log(np.sum(x, axis=axis, keepdims=keepdims)),
+    "reduce_log_sum_exp": lambda x, axis, keepdims: _logsumexp(x, axis, keepdims),
+}
+for _name, _fn in _REDUCE.items():
+    KERNELS[_name] = lambda x, axes=None, keep_dims=False, _fn=_fn: _fn(
+        _f32(x), axis=_axes(axes, np.ndim(x)), keepdims=bool(keep_dims))
+
+
+def _arg(fn):
+    def run(x, axis=-1, keep_dims=False, output_dtype="int32"):
+        out = fn(np.asarray(x), axis=int(axis))
+        return np.expand_dims(out, int(axis)) if keep_dims else out
+
+    return run
+
+
+KERNELS["reduce_argmax"] = _arg(np.argmax)
+KERNELS["reduce_argmin"] = _arg(np.argmin)
+
+
+# --- tensor transformation and operation (iOS15-18 tensor_*.py, scatter_gather.py) --
+
+
+@kernel("reshape")
+def reshape(x, shape):
+    x = np.asarray(x)
+    shape = [int(s) for s in np.atleast_1d(shape)]
+    if len(shape) == x.ndim:  # 0 keeps the input's size along that axis
+        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return x.reshape(shape)
+
+
+@kernel("transpose")
+def transpose(x, perm):
+    return np.transpose(x, [int(p) for p in perm])
+
+
+@kernel("squeeze")
+def squeeze(x, axes=None):
+    x = np.asarray(x)
+    return np.squeeze(x) if axes is None else np.squeeze(x, axis=_axes(axes, x.ndim))
+
+
+@kernel("expand_dims")
+def expand_dims(x, axes):
+    x = np.asarray(x)
+    rank = x.ndim + len(np.atleast_1d(axes))
+    for axis in sorted(int(a) % rank for a in np.atleast_1d(axes)):
+        x = np.expand_dims(x, axis)
+    return x
+
+
+@kernel("slice_by_index")
+def slice_by_index(x, begin, end, stride=None, begin_mask=None, end_mask=None, squeeze_mask=None):
+    x = np.asarray(x)
+    rank = x.ndim
+    stride = [1] * rank if stride is None else [int(s) for s in stride]
+    begin_mask = [False] * rank if begin_mask is None else list(begin_mask)
+    end_mask = [False] * rank if end_mask is None else list(end_mask)
+    index = tuple(
+        slice(None if bm else int(b), None if em else int(e), s)
+        for b, e, s, bm, em in zip(begin, end, stride, begin_mask, end_mask)
+    )
+    out = x[index]
+    if squeeze_mask is not None and any(squeeze_mask):
+        out = np.squeeze(out, axis=tuple(i for i, s in enumerate(squeeze_mask) if s))
+    return out
+
+
+@kernel("slice_by_size")
+def slice_by_size(x, begin, size):
+    x = np.asarray(x)
+    index = tuple(slice(int(b), x.shape[i] if int(s) == -1 else int(b) + int(s))
+                  for i, (b, s) in enumerate(zip(begin, size)))
+    return x[index]
+
+
+@kernel("concat")
+def concat(values, axis, interleave=False):
+    if interleave:
+        raise ValueError("concat with interleave=True is not implemented")
+    return np.concatenate([np.asarray(v) for v in values], axis=int(axis))
+
+
+@kernel("split")
+def split(x, num_splits=None, split_sizes=None, axis=0):
+    x = np.asarray(x)
+    axis = int(axis)
+    if split_sizes is None:
+        return tuple(np.split(x, int(num_splits), axis=axis))
+    return tuple(np.split(x, np.cumsum([int(s) for s in split_sizes])[:-1], axis=axis))
+
+
+@kernel("stack")
+def stack(values, axis):
+    return np.stack([np.asarray(v) for v in values], axis=int(axis))
+
+
+@kernel("tile")
+def tile(x, reps):
+    return np.tile(x, [int(r) for r in reps])
+
+
+def _take(x, indices, axis, batch_dims):
+    if batch_dims == 0:
+        return np.take(x, indices, axis=axis)
+    return np.stack([_take(a, i, axis - 1, batch_dims - 1) for a, i in zip(x, indices)])
+
+
+@kernel("gather")
+def gather(x, indices, axis=0, batch_dims=0, validate_indices=False):
+    x = np.asarray(x)
+    return _take(x, np.asarray(indices).astype(np.int64), int(axis) % x.ndim, int(batch_dims))
+
+
+@kernel("gather_along_axis")
+def gather_along_axis(x, indices, axis=0, validate_indices=False):
+    x = np.asarray(x)
+    indices = np.asarray(indices).astype(np.int64)
+    indices = np.where(indices < 0, indices + x.shape[int(axis)], indices)
+    return np.take_along_axis(x, indices, axis=int(axis))
+
+
+@kernel("select")
+def select(cond, a, b):
+    return np.where(np.asarray(cond).astype(bool), a, b)
+
+
+@kernel("fill")
+def fill(shape, value=0.0):
+    return np.full([int(s) for s in np.atleast_1d(shape)], value)
+
+
+@kernel("fill_like")
+def fill_like(ref_tensor, value=0.0):
+    return np.full(np.shape(ref_tensor), value)
+
+
+@kernel("range_1d")
+def range_1d(end, start, step):
+    return np.arange(start, end, step)
+
+
+@kernel("shape")
+def shape(x):
+    return np.asarray(np.shape(x), np.int32)
+
+
+@kernel("cumsum")
+def cumsum(x, axis=0, exclusive=False, reverse=False):
+    x = np.asarray(x)
+    axis = int(axis)
+    if reverse:
+        x = np.flip(x, axis)
+    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if exclusive:
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
+                              np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
+    return np.flip(out, axis) if reverse else out
+
+
+@kernel("pad")
+def pad(x, pad, mode="constant", constant_val=0.0):
+    x = np.asarray(x)
+    pad = [int(p) for p in pad]
+    widths = [(0, 0)] * (x.ndim - len(pad) // 2) + [(pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+    if mode == "constant":
+        return np.pad(x, widths, constant_values=constant_val)
+    return np.pad(x, widths, mode={"reflect": "reflect", "replicate": "edge"}[str(mode)])
+
+
+@kernel("topk")
+def topk(x, k=1, axis=-1, ascending=False, sort=True, return_indices=True, output_indices_dtype="int32"):
+    x = np.asarray(x)
+    axis = int(axis)
+    order = np.argsort(x if ascending else -x, axis=axis, kind="stable")
+    indices = np.take(order, range(int(k)), axis=axis)
+    return np.take_along_axis(x, indices, axis=axis), indices
