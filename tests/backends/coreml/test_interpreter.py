@@ -103,3 +103,41 @@ def test_op_without_kernel_is_named(compiled, monkeypatch):
     assert "'relu'" in caught.value.reason
     assert caught.value.nodes and caught.value.nodes[0] in caught.value.reason
     assert "mil_kernels.py" in caught.value.hint
+
+
+class Mixed(torch.nn.Module):
+    """Conv with stride, padding, dilation and groups; pools with ceil_mode and without padding
+    counted; slicing, gather, concat, select, cumsum, softmax; attention with a bool mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 6, 3, stride=2, padding=1, dilation=2, groups=2)
+
+    def forward(self, x, q):
+        y = self.conv(x)
+        a = F.max_pool2d(y, 3, stride=2, ceil_mode=True).flatten(1)
+        b = F.avg_pool2d(y, 3, stride=1, padding=1, count_include_pad=False).flatten(1)
+        z = torch.cat([a, b[:, 1::3], torch.index_select(a, 1, torch.tensor([2, 0, 1]))], 1)
+        z = torch.where(z > 0, z.softmax(-1), torch.cumsum(z, -1))
+        mask = torch.ones(5, 5, dtype=torch.bool).tril()
+        attention = F.scaled_dot_product_attention(q, q * 2, q + 1, attn_mask=mask)
+        return z, attention.transpose(1, 2).reshape(2, 5, 8).mean(-1)
+
+
+@pytest.mark.parametrize("target", [None, "iOS18"])  # iOS18: scaled_dot_product_attention is one op
+def test_mixed_ops_match_eager(target):
+    torch.manual_seed(0)
+    model, inputs = Mixed().eval(), (torch.randn(2, 4, 13, 13), torch.randn(2, 2, 5, 4))
+    with torch.no_grad():
+        expected = [t.numpy() for t in model(*inputs)]
+    options = {"compile_specs": FP32, **({"minimum_deployment_target": target} if target else {})}
+    artifact = compile_coreml(model, inputs, **options)
+    assert not artifact.program.plan.cpu_nodes
+    ops = {t for m in models(artifact) for t in m.op_types()}
+    assert ("scaled_dot_product_attention" in ops) == (target == "iOS18")
+    [program] = load_programs(artifact.pte)
+    interpreter = MilInterpreter(program)
+    outputs = interpreter.run(dict(zip(interpreter.input_names, (t.numpy() for t in inputs))))
+    for actual, wanted in zip(outputs.values(), expected):
+        # float32 sums (cumsum over 129 values) in another order than torch: relative to the scale.
+        assert _error(actual, wanted) < 1e-6 * max(1.0, float(np.abs(wanted).max()))
