@@ -511,3 +511,89 @@ def topk(x, k=1, axis=-1, ascending=False, sort=True, return_indices=True, outpu
     order = np.argsort(x if ascending else -x, axis=axis, kind="stable")
     indices = np.take(order, range(int(k)), axis=axis)
     return np.take_along_axis(x, indices, axis=axis), indices
+
+
+@kernel("gather_nd")
+def gather_nd(x, indices, batch_dims=0, validate_indices=False):
+    """out[b..., i...] = x[b..., *indices[b..., i..., :]] (iOS16: `batch_dims` leading axes shared)."""
+    x, indices = np.asarray(x), np.asarray(indices).astype(np.int64)
+    batch_dims = int(batch_dims)
+    depth = indices.shape[-1]
+    batch = x.shape[:batch_dims]
+    xs = x.reshape((-1,) + x.shape[batch_dims:])
+    ids = indices.reshape((-1,) + indices.shape[batch_dims:])
+    parts = [a[tuple(np.moveaxis(i, -1, 0))] for a, i in zip(xs, ids)]
+    return np.stack(parts).reshape(batch + indices.shape[batch_dims:-1] + x.shape[batch_dims + depth:])
+
+
+_SCATTER = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "max": np.maximum, "min": np.minimum,
+}
+
+
+@kernel("scatter")
+def scatter(data, indices, updates, axis=0, mode="add", validate_indices=False):
+    """data with data[..., indices[i], ...] (at `axis`) = or op= updates[..., i, ...].
+
+    The spec's default mode is "add" (`default_inputs`; its docstring says "update").
+    Repeated indices: "update" keeps the last, the other modes apply every update in turn.
+    """
+    out = np.array(data, copy=True)
+    axis = int(axis) % out.ndim
+    indices = np.asarray(indices).astype(np.int64).reshape(-1)
+    indices = np.where(indices < 0, indices + out.shape[axis], indices)  # iOS15 allows negatives
+    index = (slice(None),) * axis + (indices,)
+    updates = np.asarray(updates).astype(out.dtype, copy=False)
+    mode = str(mode)
+    if mode == "update":
+        out[index] = updates
+    elif mode in _SCATTER:
+        _SCATTER[mode].at(out, index, updates)
+    else:
+        raise ValueError(f"scatter mode {mode!r}")
+    return out
+
+
+def _slice_index(shape, begin, end, stride, begin_mask, end_mask, squeeze_mask):
+    """slice_by_index's index: a slice per axis, or the integer begin[i] where squeeze_mask[i]."""
+    rank = len(shape)
+    stride = [1] * rank if stride is None else [int(s) for s in np.atleast_1d(stride)]
+    begin_mask = [False] * rank if begin_mask is None else [bool(m) for m in np.atleast_1d(begin_mask)]
+    end_mask = [False] * rank if end_mask is None else [bool(m) for m in np.atleast_1d(end_mask)]
+    squeeze_mask = [False] * rank if squeeze_mask is None else [bool(m) for m in np.atleast_1d(squeeze_mask)]
+    index = []
+    for b, e, s, bm, em, sq in zip(np.atleast_1d(begin), np.atleast_1d(end), stride, begin_mask,
+                                   end_mask, squeeze_mask):
+        index.append(int(b) if sq else slice(None if bm else int(b), None if em else int(e), s))
+    return tuple(index)
+
+
+@kernel("slice_update")
+def slice_update(x, update, begin, end, stride=None, begin_mask=None, end_mask=None, squeeze_mask=None):
+    """x with x[slice_by_index(begin, end, stride, masks)] = update (iOS18)."""
+    out = np.array(x, copy=True)
+    index = _slice_index(out.shape, begin, end, stride, begin_mask, end_mask, squeeze_mask)
+    target = out[index]
+    update = np.asarray(update)
+    if tuple(update.shape) != tuple(np.shape(target)):
+        raise ValueError(f"slice_update: update shape {update.shape}, slice shape {np.shape(target)}")
+    out[index] = update.astype(out.dtype, copy=False)
+    return out
+
+
+@kernel("scatter_nd")
+def scatter_nd(data, indices, updates, mode="add", validate_indices=False):
+    """data with data[*indices[i..., :]] = or op= updates[i...] (default mode "add", as the spec)."""
+    out = np.array(data, copy=True)
+    indices = np.asarray(indices).astype(np.int64)
+    index = tuple(np.moveaxis(indices, -1, 0))
+    updates = np.asarray(updates).astype(out.dtype, copy=False)
+    mode = str(mode)
+    if mode == "update":
+        out[index] = updates
+    elif mode in _SCATTER:
+        _SCATTER[mode].at(out, index, updates)
+    else:
+        raise ValueError(f"scatter_nd mode {mode!r}")
+    return out

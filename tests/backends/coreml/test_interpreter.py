@@ -141,3 +141,116 @@ def test_mixed_ops_match_eager(target):
     for actual, wanted in zip(outputs.values(), expected):
         # float32 sums (cumsum over 129 values) in another order than torch: relative to the scale.
         assert _error(actual, wanted) < 1e-6 * max(1.0, float(np.abs(wanted).max()))
+
+
+def _run_all(pte, inputs):
+    [program] = load_programs(pte)
+    interpreter = MilInterpreter(program)
+    return list(interpreter.run(dict(zip(interpreter.input_names, (t.numpy() for t in inputs)))).values())
+
+
+class SliceAssign(torch.nn.Module):
+    """A strided slice assignment: scatter (mode "update") before iOS 18, slice_update from it."""
+
+    def forward(self, x):
+        buf = x * 2
+        buf[1:5:2, 1:] = x[:2, :2] + 1
+        return buf * 3
+
+
+@pytest.mark.parametrize("target, op", [(None, "scatter"), ("iOS18", "slice_update")])
+def test_slice_assignment_matches_eager(target, op):
+    torch.manual_seed(0)
+    model, inputs = SliceAssign().eval(), (torch.randn(5, 3),)
+    with torch.no_grad():
+        expected = model(*inputs).numpy()
+    options = {"compile_specs": FP32, **({"minimum_deployment_target": target} if target else {})}
+    artifact = compile_coreml(model, inputs, **options)
+    assert not artifact.program.plan.cpu_nodes
+    assert op in {t for m in models(artifact) for t in m.op_types()}
+    [actual] = _run_all(artifact.pte, inputs)
+    assert actual.shape == expected.shape
+    assert _error(actual, expected) < 1e-6
+
+
+class TwoIndexGather(torch.nn.Module):
+    def forward(self, x, i, j):
+        return x[i, j] * 2
+
+
+def test_two_index_tensors_gather_nd_matches_eager():
+    torch.manual_seed(0)
+    inputs = (torch.randn(4, 5, 3), torch.tensor([0, 3, 2, 3]), torch.tensor([4, 1, 1, 0]))
+    model = TwoIndexGather().eval()
+    expected = model(*inputs).numpy()
+    artifact = compile_coreml(model, inputs, compile_specs=FP32)
+    assert not artifact.program.plan.cpu_nodes
+    assert "gather_nd" in {t for m in models(artifact) for t in m.op_types()}
+    [actual] = _run_all(artifact.pte, inputs)
+    assert actual.shape == expected.shape == (4, 3)
+    assert _error(actual, expected) < 1e-6
+
+
+def test_decoder_state_carries_between_calls():
+    """iOS 18: the cache is Core ML state (read_state ... write_state), float16; two calls at two
+    positions agree with eager running the same two steps with its cache rounded to float16 after
+    each (within 1e-6), and the second differs from unrounded eager: the first call's write,
+    rounded, is what the second reads."""
+    import sys, pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[2]))
+    from test_replay import DecoderStep
+
+    torch.manual_seed(0)
+    model = DecoderStep().eval()
+    steps = [(torch.randn(1, 8), torch.tensor([1])), (torch.randn(1, 8), torch.tensor([3]))]
+    artifact = compile_coreml(model, steps[0], minimum_deployment_target="iOS18", compile_specs=FP32)
+    assert not artifact.program.plan.cpu_nodes
+    ops = {t for m in models(artifact) for t in m.op_types()}
+    assert {"read_state", "write_state"} <= ops and ops & {"scatter", "scatter_nd", "slice_update"}
+
+    [program] = load_programs(artifact.pte)
+    interpreter = MilInterpreter(program)
+    [state] = interpreter.state_names
+    with pytest.raises(Exception, match="has no value"):  # the state must be given
+        interpreter.run(dict(zip(interpreter.input_names, (t.numpy() for t in steps[0]))))
+    interpreter.state[state] = np.zeros((4, 8), np.float32)  # the buffer's initial value
+    # Core ML state is float16 (the program casts the cache to fp32, updates it, and writes it
+    # back as fp16): eager, after each step, keeps its cache rounded to float16 as the device.
+    eager = DecoderStep().eval()
+    eager.load_state_dict(model.state_dict())  # a fresh module: same weights, zero cache
+    unrounded = DecoderStep().eval()
+    unrounded.load_state_dict(model.state_dict())
+    errors = []
+    for inputs in steps:
+        with torch.no_grad():
+            expected, plain = eager(*inputs).numpy(), unrounded(*inputs).numpy()
+            eager.cache.copy_(eager.cache.half().float())
+        [actual] = interpreter.run(dict(zip(interpreter.input_names, (t.numpy() for t in inputs)))).values()
+        errors.append((_error(actual, expected), _error(actual, plain)))
+    assert all(error < 1e-6 for error, _ in errors), errors
+    assert errors[1][1] > 1e-5  # the second call reads the first call's write, in float16
+    assert interpreter.state[state].dtype == np.float16
+    assert np.array_equal(interpreter.state[state], eager.cache.numpy().astype(np.float16))
+    assert np.count_nonzero(interpreter.state[state].any(axis=1)) == 2  # rows 1 and 3 written
+
+
+def test_scatter_and_gather_nd_kernels_follow_the_spec():
+    """The modes and arguments no test model emits, against per-element loops of the spec's formulas."""
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    indices = np.array([2, 0, 2])  # a repeated index: every update applies in turn
+    updates = rng.standard_normal((3, 3, 2)).astype(np.float32) + 2
+    ops = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+           "max": np.maximum, "min": np.minimum, "update": lambda old, new: new}
+    for mode, op in ops.items():
+        expected = data.copy()
+        for i, index in enumerate(indices):
+            expected[:, index] = op(expected[:, index], updates[:, i])
+        actual = mil_kernels.KERNELS["scatter"](data, indices, updates, axis=1, mode=mode)
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, err_msg=mode)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    nd = np.array([[[0, 3], [2, 1], [1, 1]], [[2, 0], [0, 3], [1, 2]]])  # (2, 3, 2): batch_dims=1
+    actual = mil_kernels.KERNELS["gather_nd"](x, nd, batch_dims=1)
+    expected = np.stack([np.stack([x[b, i, j] for i, j in nd[b]]) for b in range(2)])
+    assert actual.shape == (2, 3, 5) and np.array_equal(actual, expected)
