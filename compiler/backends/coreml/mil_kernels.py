@@ -543,7 +543,11 @@ def scatter(data, indices, updates, axis=0, mode="add", validate_indices=False):
     axis = int(axis) % out.ndim
     indices = np.asarray(indices).astype(np.int64).reshape(-1)
     indices = np.where(indices < 0, indices + out.shape[axis], indices)  # iOS15 allows negatives
-    index = (slice(None),) * axis + (indices,)
+    return _scatter_into(out, (slice(None),) * axis + (indices,), updates, mode)
+
+
+def _scatter_into(out, index, updates, mode):
+    """out[index] = updates ("update": a repeated index keeps the last) or op= them in turn."""
     updates = np.asarray(updates).astype(out.dtype, copy=False)
     mode = str(mode)
     if mode == "update":
@@ -587,13 +591,4 @@ def scatter_nd(data, indices, updates, mode="add", validate_indices=False):
     """data with data[*indices[i..., :]] = or op= updates[i...] (default mode "add", as the spec)."""
     out = np.array(data, copy=True)
     indices = np.asarray(indices).astype(np.int64)
-    index = tuple(np.moveaxis(indices, -1, 0))
-    updates = np.asarray(updates).astype(out.dtype, copy=False)
-    mode = str(mode)
-    if mode == "update":
-        out[index] = updates
-    elif mode in _SCATTER:
-        _SCATTER[mode].at(out, index, updates)
-    else:
-        raise ValueError(f"scatter_nd mode {mode!r}")
-    return out
+    return _scatter_into(out, tuple(np.moveaxis(indices, -1, 0)), updates, mode)
