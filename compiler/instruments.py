@@ -75,9 +75,12 @@ class CountNodes(Instrument):
 
     def __init__(self) -> None:
         self.counts: dict[str, dict[str, int | None]] = {}
+        self._last: tuple[Any, Any] = (None, None)  # the last output and its stats: the next input
 
     def after_stage(self, stage, before, after):
-        old, new = _stats(before), _stats(after)
+        old = self._last[1] if before is self._last[0] else _stats(before)
+        new = _stats(after)
+        self._last = (after, new)
         self.counts[stage] = {
             "nodes_in": old.nodes if old else None,
             "nodes_out": new.nodes if new else None,
