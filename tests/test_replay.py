@@ -42,6 +42,7 @@ def program_without_payloads(pte: bytes):
     return program.execution_plan, [d.id for d in program.execution_plan[0].delegates]
 
 
+@pytest.mark.slow  # seven resumes; the Core ML replay below stays in the default run
 def test_an_xnnpack_run_resumed_from_any_stage_file_alone_emits_the_same_bytes(tmp_path):
     model, inputs = EXAMPLES["transformer"](depth=1)
     whole = compiler.compile(model, inputs, "xnnpack", backend_options={"per_op_mode": False}, dump_dir=tmp_path)
