@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
 from typing import Any, Sequence
 
 import attrs
@@ -15,21 +17,38 @@ from compiler.private_api import deserialize_pte
 
 
 def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
-    if isinstance(program, (bytes, bytearray)):
-        plans = deserialize_pte(bytes(program)).program.execution_plan
-        return bytes(program), {d.id for plan in plans for d in plan.delegates}
+    if isinstance(program, (str, os.PathLike)):
+        path = pathlib.Path(program)
+        if not path.is_file():
+            raise UserInputError(f"no program file at {str(path)!r}", hint="give the path of a .pte file")
+        program = path.read_bytes()
+    if isinstance(program, (bytes, bytearray, memoryview)):
+        program = bytes(program)
+        try:
+            plans = deserialize_pte(program).program.execution_plan
+        except Exception as exc:  # the flatbuffer reader fails in many ways on a non-program
+            raise UserInputError(
+                f"these {len(program)} bytes are not an ExecuTorch program ({type(exc).__name__}: {exc})",
+                hint="give the bytes of a .pte file, as written by to_executorch() or compiler.compile",
+            ) from exc
+        return program, {d.id for plan in plans for d in plan.delegates}
     program = getattr(program, "program", program)
     if not isinstance(program, ExecutorchProgram):
         raise UserInputError(
             f"cannot run a {type(program).__name__}: only emitted programs run",
-            hint="compile without stop_after to get an Artifact",
+            hint="give an Artifact, the bytes of a .pte or its path (compile without stop_after for an Artifact)",
         )
     return program.pte, set(program.delegates)
 
 
 class LoadedProgram:
     """A program loaded once and run as often as wanted; its mutable state carries
-    from one run to the next, as on a device."""
+    from one run to the next, as on a device.
+
+    Delegates this machine's ExecuTorch runtime has run there; a program with any
+    other delegate runs whole in the reference executor (`compiler/reference.py`),
+    which runs CPU kernels with torch and each delegate with its reference runner.
+    """
 
     def __init__(self, program: Any) -> None:
         from executorch.runtime import Runtime
@@ -37,18 +56,27 @@ class LoadedProgram:
         pte, delegates = _pte_and_delegates(program)
         runtime = Runtime.get()
         missing = sorted(d for d in delegates if not runtime.backend_registry.is_available(d))
+        unrunnable = [d for d in missing if backends.delegate_runner(d) is None]
+        if unrunnable:
+            raise UnsupportedByRuntime(
+                "the program holds delegates this machine can run neither with its ExecuTorch "
+                f"runtime nor with a reference runner: {', '.join(unrunnable)}",
+                hint=f"run it on {'; '.join(backends.runs_on(d) for d in unrunnable)} "
+                f"(this runtime has {', '.join(runtime.backend_registry.registered_backend_names)})",
+            )
+        self._reference = None
         if missing:
-            executor = backends.reference_executor(set(missing))
-            if executor is None:
-                raise UnsupportedByRuntime(
-                    "the program holds delegates this machine's ExecuTorch runtime cannot run: "
-                    f"{', '.join(missing)}",
-                    hint=f"run it on {'; '.join(backends.runs_on(d) for d in missing)} "
-                    f"(this runtime has {', '.join(runtime.backend_registry.registered_backend_names)})",
-                )
-            self._execute = executor(pte).run
+            from compiler.reference import ReferenceExecutor
+
+            self._reference = ReferenceExecutor(pte)
+            self._execute = self._reference.run
         else:
             self._execute = runtime.load_program(pte).load_method("forward").execute
+
+    @property
+    def computes_in_float16(self) -> bool:
+        """Whether a delegate run so far computes in float16 (known after the first run)."""
+        return self._reference is not None and self._reference.computes_in_float16
 
     def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         # Cloned: an output may live in the program's planned memory, which the next run reuses.
@@ -57,8 +85,40 @@ class LoadedProgram:
 
 
 def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
-    """Run an emitted program (an Artifact or `.pte` bytes) once; returns its outputs flattened."""
+    """Run an emitted program (an Artifact, the bytes of any `.pte`, or its path) once on
+    `inputs`; returns its outputs flattened."""
     return LoadedProgram(artifact)(inputs)
+
+
+# The error `--check` accepts by default. A float32 program is held to an absolute error;
+# a program that computes in float16 (Core ML's default compute precision) to a share of
+# its largest expected output, as float16 keeps about three decimal digits of any value:
+# 1e-2 is ten times float16's resolution (2**-10), room for the rounding of a deep stack.
+FLOAT32_ABSOLUTE = 1e-4
+FLOAT16_OF_LARGEST = 1e-2
+
+
+@attrs.frozen
+class Tolerance:
+    """The largest absolute error a check accepts, and how it was chosen (said with the result)."""
+
+    absolute: float
+    rule: str
+
+    @classmethod
+    def given(cls, absolute: float) -> "Tolerance":
+        return cls(absolute, "absolute, as given")
+
+    @classmethod
+    def for_precision(cls, float16: bool, largest_expected: float) -> "Tolerance":
+        if not float16:
+            return cls(FLOAT32_ABSOLUTE, "absolute, for a program computing in float32")
+        scale = largest_expected or 1.0
+        return cls(
+            FLOAT16_OF_LARGEST * scale,
+            f"relative: {FLOAT16_OF_LARGEST:g} x the largest |eager output| {scale:.3g}, "
+            "for a delegate computing in float16",
+        )
 
 
 @attrs.frozen
@@ -66,22 +126,40 @@ class CheckResult:
     max_abs_error: float
     max_rel_error: float
     outputs: int
+    largest_expected: float
+    tolerance: Tolerance
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_error <= self.tolerance.absolute
 
     def within(self, tolerance: float) -> bool:
         return self.max_abs_error <= tolerance
 
+    def describe(self) -> str:
+        return (
+            f"check: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
+            f"max rel error {self.max_rel_error:.3g} -> {'OK' if self.passed else 'MISMATCH'} "
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule})"
+        )
 
-def compare_with_eager(artifact: Any, module: torch.nn.Module, inputs: Sequence[Any]) -> CheckResult:
-    """Run the program and the eager module on the same inputs; report the largest errors."""
+
+def compare_with_eager(
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
+) -> CheckResult:
+    """Run the program (an Artifact, `.pte` bytes or path) and the eager module on the same
+    inputs; report the largest errors against `tolerance` (absolute), or by default against
+    one that fits the precision the program computes in (`Tolerance.for_precision`)."""
     with torch.no_grad():
         expected = [x for x in pytree.tree_leaves(module(*inputs)) if isinstance(x, torch.Tensor)]
-    actual = run(artifact, inputs)
+    loaded = LoadedProgram(program)
+    actual = loaded(inputs)
     if len(actual) != len(expected):
         raise UserInputError(
             f"the program returned {len(actual)} outputs, eager returned {len(expected)}",
             hint="compare the module the program was compiled from",
         )
-    max_abs = max_rel = 0.0
+    max_abs = max_rel = largest = 0.0
     for got, want in zip(actual, expected):
         got, want = got.to(torch.float64), want.to(torch.float64)
         if got.shape != want.shape:
@@ -90,4 +168,9 @@ def compare_with_eager(artifact: Any, module: torch.nn.Module, inputs: Sequence[
         if diff.numel():
             max_abs = max(max_abs, diff.max().item())
             max_rel = max(max_rel, (diff / want.abs().clamp_min(1e-6)).max().item())
-    return CheckResult(max_abs, max_rel, len(expected))
+            largest = max(largest, want.abs().max().item())
+    chosen = (
+        Tolerance.given(tolerance) if tolerance is not None
+        else Tolerance.for_precision(loaded.computes_in_float16, largest)
+    )
+    return CheckResult(max_abs, max_rel, len(expected), largest, chosen)

@@ -20,12 +20,13 @@ _REGISTRY = {
 }
 
 
-# Delegate id -> a class that loads a whole program holding that delegate on this
-# machine without ExecuTorch's runtime (for delegates the pip runtime lacks):
-# `Executor(pte: bytes)`, then `.run(inputs: list) -> list[torch.Tensor]` as often as
-# wanted, state carrying from one run to the next as on a device.
-_REFERENCE_EXECUTORS: dict[str, str] = {
-    "MLXBackend": "compiler.backends.mlx.reference:ReferenceExecutor",
+# Delegate id -> the class that runs its payloads in the reference executor
+# (`compiler/reference.py`), for delegates the pip runtime lacks:
+# `Runner(payload: bytes, executor)` once per delegate, with `.graph_inputs` (how many of
+# the call's arguments are inputs) and `.execute(inputs) -> outputs` per call.
+_DELEGATE_RUNNERS: dict[str, str] = {
+    "MLXBackend": "compiler.backends.mlx.reference:MLXDelegate",
+    "CoreMLBackend": "compiler.backends.coreml.reference:CoreMLDelegate",
 }
 
 
@@ -45,13 +46,13 @@ def runs_on(delegate_id: str) -> str:
     return where or f"a device whose ExecuTorch runtime has the {delegate_id} delegate"
 
 
-def reference_executor(delegate_ids: set[str]):
-    """The reference executor class that can load programs with these delegates, or None."""
-    found = {_REFERENCE_EXECUTORS.get(d) for d in delegate_ids}
-    if len(found) != 1 or None in found:
+def delegate_runner(delegate_id: str):
+    """The reference executor's runner class for this delegate's payloads, or None."""
+    found = _DELEGATE_RUNNERS.get(delegate_id)
+    if found is None:
         return None
-    module_name, function_name = found.pop().split(":")
-    return getattr(importlib.import_module(module_name), function_name)
+    module_name, class_name = found.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def available() -> tuple[str, ...]:

@@ -11,6 +11,7 @@ casts are explicit ops). State inputs (Core ML state, iOS 18) carry between runs
 
 from __future__ import annotations
 
+import json
 import pathlib
 import tempfile
 from typing import Any, Mapping, Optional
@@ -37,8 +38,9 @@ def covered_ops() -> list[str]:
     return sorted(set(mil_kernels.KERNELS) | {"const", "read_state", "coreml_update_state"})
 
 
-def load_program(payload: bytes) -> Any:
-    """The coremltools MIL `Program` of one Core ML delegate payload, its weights loaded."""
+def load_payload(payload: bytes) -> tuple[Any, dict]:
+    """The coremltools MIL `Program` of one Core ML delegate payload (its weights loaded) and
+    the payload's `metadata.json` (the input and output names in delegate-call order)."""
     import coremltools as ct
     from coremltools.converters.mil.frontend.milproto.load import load
     from executorch.backends.apple.coreml import executorchcoreml
@@ -46,10 +48,17 @@ def load_program(payload: bytes) -> Any:
     with tempfile.TemporaryDirectory() as folder:
         executorchcoreml.unflatten_directory_contents(payload, folder)
         package = next(pathlib.Path(folder).rglob("*.mlpackage"))
+        metadata_file = package.parent / "metadata.json"
+        metadata = json.loads(metadata_file.read_text()) if metadata_file.exists() else {}
         spec = ct.utils.load_spec(str(package))
         weights = package / "Data" / "com.apple.CoreML" / "weights"
         # Weights are read while loading (the blob reader keeps no file open after).
-        return load(spec, spec.specificationVersion, file_weights_dir=str(weights))
+        return load(spec, spec.specificationVersion, file_weights_dir=str(weights)), metadata
+
+
+def load_program(payload: bytes) -> Any:
+    """The coremltools MIL `Program` of one Core ML delegate payload, its weights loaded."""
+    return load_payload(payload)[0]
 
 
 def load_programs(pte: bytes) -> list[Any]:
@@ -86,6 +95,28 @@ class MilInterpreter:
         self.input_names = [n for n, v in self.function.inputs.items() if not _is_state(v)]
         self.state_names = [n for n, v in self.function.inputs.items() if _is_state(v)]
         self.output_names = [v.name for v in self.function.outputs]
+
+    @property
+    def computes_in_float16(self) -> bool:
+        """Whether any value the program computes is float16 (its compute precision)."""
+        return any(
+            var.dtype is not None and _np_dtype(var) == np.float16
+            for op in self.function.operations if op.op_type != "const"
+            for var in op.outputs
+        )
+
+    def zero_state(self) -> dict[str, np.ndarray]:
+        """Each state input at zero, as `MLModel.newState` allocates it."""
+        state = {}
+        for name in self.state_names:
+            var = self.function.inputs[name]
+            shape = _static_shape(var)
+            if shape is None:
+                raise MilInterpreterError(
+                    f"MIL state input {name!r} has no static shape", stage=STAGE, nodes=[name]
+                )
+            state[name] = np.zeros(shape, dtype=_np_dtype(var))
+        return state
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         env: dict[str, Any] = {}

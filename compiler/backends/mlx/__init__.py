@@ -1,8 +1,8 @@
 """The MLX backend: ExecuTorch's MLX delegate, for Apple silicon.
 
 The ExecuTorch runtime's MLX delegate runs only on Apple silicon; here its
-payloads run through `compiler.backends.mlx.reference` (the `mlx` package on
-the Linux CPU). The delegate's generated schema files are made on first use
+payloads run in the reference executor (`compiler/reference.py`, with
+`compiler.backends.mlx.reference`: the `mlx` package on the Linux CPU). The delegate's generated schema files are made on first use
 (see `generated.py`), which is why ExecuTorch's MLX modules are imported when
 a backend is built, not when this package is.
 """

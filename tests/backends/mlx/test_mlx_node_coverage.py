@@ -32,7 +32,7 @@ from compiler.backends.mlx.interpreter import (
     Vid,
 )
 from compiler.backends.mlx.nodes_core import random_bits
-from compiler.backends.mlx.reference import ReferenceExecutor
+from compiler.reference import ReferenceExecutor
 
 TOLERANCE = 1e-4
 

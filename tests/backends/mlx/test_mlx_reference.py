@@ -6,7 +6,7 @@ import torch
 import compiler
 from compiler.backends.mlx import interpreter
 from compiler.backends.mlx.interpreter import BadMLXPayload, MLXGraph, UnsupportedMLXNode
-from compiler.backends.mlx.reference import ReferenceExecutor, run_program
+from compiler.reference import ReferenceExecutor, run_program
 from compiler.examples import mlp
 
 
@@ -150,7 +150,7 @@ def test_an_empty_tensor_made_on_the_cpu_is_sized_like_the_runtime_does():
 
 
 def test_a_failing_cpu_kernel_is_a_named_error(monkeypatch):
-    from compiler.backends.mlx import reference
+    from compiler import reference
 
     def refuse(*args, **kwargs):
         raise RuntimeError("this kernel refuses")
