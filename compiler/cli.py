@@ -16,11 +16,10 @@ import sys
 import traceback
 from typing import Any, Mapping, Sequence
 
-from compiler import api, backends, config
+from compiler import api, backends, config, runtime
 from compiler.examples import EXAMPLES, MODELS, describe, resolve_model
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.serialize import save_stage_file, can_save
-from compiler.runtime import compare_with_eager
 
 RESUME = "python -m compiler compile --resume-from {path}"
 
@@ -51,14 +50,20 @@ def _parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument("-o", "--output", help="write the .pte here (with --stop-after: the stage file)")
     _add_option_flags(compile_cmd)
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
-    compile_cmd.add_argument(
-        "--tolerance", type=float, default=None,
-        help="max abs error --check accepts (default: 1e-4 for float32 programs; 1e-2 x the largest "
-        "eager output for a delegate computing in float16)",
-    )
+    _add_tolerance_flag(compile_cmd, "--check")
     compile_cmd.add_argument("--report-json", metavar="FILE", help="also write the report as JSON")
     compile_cmd.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
     compile_cmd.add_argument("-v", "--verbose", action="store_true", help="log what the stages do")
+
+    run_cmd = commands.add_parser(
+        "run",
+        help="run any .pte (ours, or one built elsewhere, e.g. by stock ExecuTorch) on a model's example "
+        "inputs and compare with eager PyTorch",
+    )
+    run_cmd.add_argument("program", metavar="PROGRAM.pte")
+    run_cmd.add_argument("model", help="the model the program was built from, as compile's MODEL")
+    _add_tolerance_flag(run_cmd, "the comparison")
+    run_cmd.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
 
     commands.add_parser("examples", help="list the built-in example models")
 
@@ -75,6 +80,15 @@ def _parser() -> argparse.ArgumentParser:
     fuzz_cmd.add_argument("--no-shrink", action="store_true", help="do not shrink the first failure of each kind")
     fuzz_cmd.add_argument("--replay", metavar="FILE", help="run one reproducer file instead")
     return parser
+
+
+def _add_tolerance_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--tolerance", type=float, default=None,
+        help=f"max abs error {what} accepts (default: {runtime.FLOAT32_ABSOLUTE:g} for a program computing "
+        f"in float32; {runtime.FLOAT16_OF_LARGEST:g} x the largest eager output when a delegate computes "
+        "in float16)",
+    )
 
 
 def _add_option_flags(parser: argparse.ArgumentParser) -> None:
@@ -172,7 +186,7 @@ def _compile(args: argparse.Namespace) -> int:
             result.save(args.output)
             print(f"\nwrote {args.output} ({len(result.pte)} bytes)")
         if args.check:
-            check = compare_with_eager(result, module, inputs, tolerance=args.tolerance)
+            check = runtime.compare_with_eager(result, module, inputs, tolerance=args.tolerance)
             print(check.describe())
             status = 0 if check.passed else 1
     else:
@@ -183,6 +197,13 @@ def _compile(args: argparse.Namespace) -> int:
         else:
             print(f"\nstopped after {stage}")
     return status
+
+
+def _run(args: argparse.Namespace) -> int:
+    module, inputs, _ = resolve_model(args.model)
+    check = runtime.compare_with_eager(args.program, module, inputs, tolerance=args.tolerance)
+    print(check.describe())
+    return 0 if check.passed else 1
 
 
 def _fuzz(args: argparse.Namespace) -> int:
@@ -216,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name:{width}}  {describe(name)}{extra}")
         return 0
     try:
-        return _fuzz(args) if args.command == "fuzz" else _compile(args)
+        return {"fuzz": _fuzz, "run": _run}.get(args.command, _compile)(args)
     except CompileError as error:
         if args.traceback:
             traceback.print_exc()
