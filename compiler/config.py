@@ -290,16 +290,6 @@ def options_table() -> str:
     return "\n".join(lines)
 
 
-def write_options_table(readme: str) -> None:
-    """Put `options_table()` between the README's options-table markers."""
-    begin, end = "<!-- options-table:begin -->\n", "<!-- options-table:end -->"
-    with open(readme) as f:
-        text = f.read()
-    head, tail = text[: text.index(begin) + len(begin)], text[text.index(end) :]
-    with open(readme, "w") as f:
-        f.write(f"{head}{options_table()}\n{tail}")
-
-
 # --- backend options as JSON --------------------------------------------------------
 
 # Modules a stage file may name to rebuild a backend option (a class, an enum): loading a
@@ -382,15 +372,3 @@ def dependency_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m compiler.config", description="print or write the option table")
-    parser.add_argument("--readme", metavar="FILE", help="write the table between the markers in FILE")
-    args = parser.parse_args()
-    if args.readme:
-        write_options_table(args.readme)
-    else:
-        print(options_table())

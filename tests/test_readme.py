@@ -2,6 +2,10 @@
 
 import pathlib
 
+import pytest
+
+from compiler import readme
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -12,10 +16,9 @@ def test_ci_runs_the_readme_test_command():
     assert commands[1] in (ROOT / ".ci" / "run").read_text()
 
 
-def test_the_readme_option_table_is_the_one_generated_from_the_configuration():
-    from compiler.config import options_table
-
-    readme = (ROOT / "README.md").read_text()
-    begin, end = "<!-- options-table:begin -->\n", "<!-- options-table:end -->"
-    table = readme[readme.index(begin) + len(begin) : readme.index(end)]
-    assert table.strip() == options_table(), "regenerate it: python -m compiler.config --readme README.md"
+@pytest.mark.parametrize("name", list(readme.GENERATED))
+def test_each_generated_readme_section_is_what_the_code_generates(name):
+    text = (ROOT / "README.md").read_text()
+    assert readme.section(text, name) == readme.generator(name)().strip(), (
+        "regenerate it: python -m compiler.readme README.md"
+    )

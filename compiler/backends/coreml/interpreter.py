@@ -38,6 +38,12 @@ def covered_ops() -> list[str]:
     return sorted(set(mil_kernels.KERNELS) | {"const", "read_state", "coreml_update_state"})
 
 
+def coverage_text() -> str:
+    """The covered op list, for the README (`python -m compiler.readme README.md`)."""
+    ops = covered_ops()
+    return f"The interpreter runs {len(ops)} MIL op types: " + ", ".join(f"`{op}`" for op in ops) + "."
+
+
 def load_payload(payload: bytes) -> tuple[Any, dict]:
     """The coremltools MIL `Program` of one Core ML delegate payload (its weights loaded) and
     the payload's `metadata.json` (the input and output names in delegate-call order)."""
