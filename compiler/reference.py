@@ -184,12 +184,17 @@ class _Method:
     def write(self, index: int, value: Any) -> None:
         """Store a delegate's output as ExecuTorch does: into the planned tensor."""
         current = self.values[index]
+        spec = self.plan.values[index].val
         if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
             if current.shape != value.shape:
-                current.resize_(value.shape)  # dynamic: within the planned upper bound
+                if spec.shape_dynamism == schema.TensorShapeDynamism.STATIC and value.numel() == current.numel():
+                    # The delegate copies its elements into the program's tensor, as Core ML's
+                    # does a rank-1 output into a 0-d tensor (Core ML has no 0-d outputs).
+                    value = value.reshape(current.shape)
+                else:
+                    current.resize_(value.shape)  # dynamic: within the planned upper bound
             current.copy_(value)  # in the program's dtype (a Core ML float16 output becomes float32)
             return
-        spec = self.plan.values[index].val
         if isinstance(spec, schema.Tensor) and isinstance(value, torch.Tensor):
             value = value.to(_torch_dtype(spec.scalar_type))
         self.values[index] = value

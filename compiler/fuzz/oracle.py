@@ -112,11 +112,27 @@ def _judge(program: Program | Reproducer, inputs: tuple, build: Callable[[], obj
     return Outcome(WRONG, mismatch) if mismatch else Outcome(OK)
 
 
+def core_ml_float32() -> list:
+    """Core ML's compile spec for float32 compute precision. Core ML programs are fuzzed
+    with it, ours and stock's alike: the oracle checks what a program computes, at the
+    programs' float32 tolerances, not float16's rounding (which `--check` judges with
+    its own tolerance)."""
+    import coremltools as ct
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+
+    return [CoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]
+
+
+def backend_options(backend: str) -> dict | None:
+    """The options both paths compile a fuzzed program with."""
+    return {"compile_specs": core_ml_float32()} if backend == "coreml" else None
+
+
 def ours(program: Program | Reproducer, backend: str, want) -> Outcome:
     model, inputs = program.build()
     with _quiet():
         try:
-            artifact = compiler.compile(model, inputs, backend)
+            artifact = compiler.compile(model, inputs, backend, backend_options=backend_options(backend))
         except StageFailure as error:
             return Outcome(WRAPPED, _first_line(error.__cause__ or error))
         except CompileError as error:
@@ -137,7 +153,7 @@ def stock_partitioners(backend: str) -> list:
     if backend == "coreml":
         from executorch.backends.apple.coreml.partition import CoreMLPartitioner
 
-        return [CoreMLPartitioner()]
+        return [CoreMLPartitioner(**backend_options(backend))]
     if backend == "mlx":
         from compiler.backends.mlx.generated import ensure_generated
 

@@ -136,3 +136,14 @@ def test_compile_check_runs_core_ml_and_says_its_tolerance(capsys):
     assert cli.main(["compile", "mlp", "--backend", "coreml", "--check"]) == 0
     out = capsys.readouterr().out
     assert "-> OK (tolerance" in out and "for a delegate computing in float16" in out
+
+
+class ZeroDimOutput(nn.Module):
+    def forward(self, x):
+        return x.unbind(0)[1] * 2  # a 0-d tensor: Core ML outputs have rank >= 1
+
+
+def test_zero_dim_output_keeps_the_programs_shape():
+    x = torch.randn(2)
+    (got,) = compiler.run(compile_coreml(ZeroDimOutput(), (x,), compile_specs=FP32), (x,))
+    assert got.shape == () and torch.allclose(got, x[1] * 2)
