@@ -4,7 +4,8 @@ Options are those of ExecuTorch's `CoreMLPartitioner`, with the same names and
 meaning (`compile_specs`, `skip_ops_for_coreml_delegation`,
 `take_over_mutable_buffer`, `take_over_constant_data`, `lower_full_graph`),
 plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
-"iOS18"), which is written into the compile specs.
+"iOS18") and `compute_precision` (a `coremltools.precision` or "float16" /
+"float32"), each written into the compile specs, so the CLI can set them.
 
 - `rules.py`: every reason an op stays on the CPU, one predicate each;
 - `rank.py`: shape-only chains through rank > 5 rewritten at rank <= 5 before the search;
@@ -68,6 +69,50 @@ def _target_from_specs(specs: Iterable[CompileSpec]) -> Optional[ct.target]:
     return _ExecutorchCoreMLBackend.min_deployment_target_from_compile_specs(list(specs))
 
 
+def _compute_precision(value: Any) -> Optional[ct.precision]:
+    if value is None or isinstance(value, ct.precision):
+        return value
+    try:
+        return ct.precision(str(value).lower())
+    except ValueError as exc:
+        raise UserInputError(
+            f"compute_precision {value!r} is not a Core ML compute precision",
+            hint=f"use one of: {', '.join(p.value for p in ct.precision)}",
+        ) from exc
+
+
+# Backend options that stand for one compile spec each, so the CLI can set them:
+# option -> (the spec's key, option value -> spec, specs -> the value they hold).
+_SPEC_OPTIONS = {
+    "minimum_deployment_target": (
+        COMPILE_SPEC_KEYS.MIN_DEPLOYMENT_TARGET.value,
+        _ExecutorchCoreMLBackend.generate_minimum_deployment_target_compile_spec,
+        _target_from_specs,
+    ),
+    "compute_precision": (
+        COMPILE_SPEC_KEYS.MODEL_COMPUTE_PRECISION.value,
+        _ExecutorchCoreMLBackend.generate_compute_precision_compile_spec,
+        _ExecutorchCoreMLBackend.model_compute_precision_from_compile_specs,
+    ),
+}
+
+
+def _with_spec_option(specs: list[CompileSpec], option: str, value: Any) -> list[CompileSpec]:
+    """`specs` with the spec `option` stands for, unless they hold it already (then the two must agree)."""
+    if value is None:
+        return specs
+    key, make, read = _SPEC_OPTIONS[option]
+    if not any(s.key == key for s in specs):
+        return [*specs, make(value)]
+    if read(specs) != value:
+        raise UserInputError(
+            f"{option}={getattr(value, 'name', value)} disagrees with the one in compile_specs "
+            f"({getattr(read(specs), 'name', read(specs))})",
+            hint=f"give the {option} once",
+        )
+    return specs
+
+
 class CoreMLBackend(Backend):
     name = "coreml"
     refused_input_dtypes = rules.REFUSED_DTYPES
@@ -81,6 +126,7 @@ class CoreMLBackend(Backend):
         take_over_constant_data: bool = True,
         lower_full_graph: bool = False,
         minimum_deployment_target: Any = None,
+        compute_precision: Any = None,
     ) -> None:
         skipped = list(skip_ops_for_coreml_delegation or [])
         if lower_full_graph and (skipped or not take_over_constant_data or not take_over_mutable_buffer):
@@ -91,17 +137,8 @@ class CoreMLBackend(Backend):
                 suggest={"lower_full_graph": False},
             )
         specs = list(compile_specs or [])
-        target = _deployment_target(minimum_deployment_target)
-        in_specs = any(s.key == COMPILE_SPEC_KEYS.MIN_DEPLOYMENT_TARGET.value for s in specs)
-        if target is not None:
-            if in_specs and _target_from_specs(specs) != target:
-                raise UserInputError(
-                    f"minimum_deployment_target={target.name} disagrees with the one in compile_specs "
-                    f"({_target_from_specs(specs)})",
-                    hint="give the deployment target once",
-                )
-            if not in_specs:
-                specs.append(_ExecutorchCoreMLBackend.generate_minimum_deployment_target_compile_spec(target))
+        specs = _with_spec_option(specs, "minimum_deployment_target", _deployment_target(minimum_deployment_target))
+        specs = _with_spec_option(specs, "compute_precision", _compute_precision(compute_precision))
         if any(s.key == COMPILE_SPEC_KEYS.ENUMERATED_SHAPES.value for s in specs) and not lower_full_graph:
             raise UserInputError(
                 "enumerated shapes in compile_specs need lower_full_graph=True",

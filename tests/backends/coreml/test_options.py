@@ -108,3 +108,28 @@ def test_cli_prints_per_op_placement(tmp_path, capsys):
     row = next(line for line in out.splitlines() if line.startswith("aten.amax.default"))
     assert "cpu" in row and "over bool" in row
     assert any(line.startswith("aten.gt.Scalar") and "CoreMLBackend" in line for line in out.splitlines())
+
+
+def test_compute_precision_option_sets_the_compile_spec(capsys):
+    from compiler import cli
+    from compiler.backends.coreml.interpreter import load_programs, MilInterpreter
+
+    model, inputs = nn.Linear(4, 4), (torch.randn(2, 4),)
+    float32 = compile_coreml(model, inputs, compute_precision="float32")
+    float16 = compile_coreml(model, inputs)
+    assert not MilInterpreter(load_programs(float32.pte)[0]).computes_in_float16
+    assert MilInterpreter(load_programs(float16.pte)[0]).computes_in_float16
+    assert cli.main(["compile", "mlp", "--backend", "coreml", "--backend-option", "compute_precision=float32",
+                     "--check"]) == 0
+    assert "absolute, for a program computing in float32" in capsys.readouterr().out
+
+
+def test_compute_precision_option_errors_name_the_option():
+    import coremltools as ct
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend as Stock
+
+    with pytest.raises(UserInputError, match="'double' is not a Core ML compute precision"):
+        CoreMLBackend(compute_precision="double")
+    fp16 = [Stock.generate_compute_precision_compile_spec(ct.precision.FLOAT16)]
+    with pytest.raises(UserInputError, match="compute_precision=FLOAT32 disagrees with the one in compile_specs"):
+        CoreMLBackend(compile_specs=fp16, compute_precision="float32")
