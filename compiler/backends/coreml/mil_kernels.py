@@ -358,10 +358,14 @@ KERNELS["reduce_argmin"] = _arg(np.argmin)
 
 @kernel("reshape")
 def reshape(x, shape):
+    """x in `shape`; -1 is inferred. A 0 takes the input's size along the axis matched from the
+    right (iOS17: shape[i] matches x.shape[j] where len(shape) - i == rank(x) - j), 1 if there is
+    none; iOS15/16 allow 0 only when len(shape) == rank(x), where that is the same axis."""
     x = np.asarray(x)
     shape = [int(s) for s in np.atleast_1d(shape)]
-    if len(shape) == x.ndim:  # 0 keeps the input's size along that axis
-        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    offset = x.ndim - len(shape)
+    shape = [(x.shape[i + offset] if 0 <= i + offset < x.ndim else 1) if s == 0 else s
+             for i, s in enumerate(shape)]
     return x.reshape(shape)
 
 
@@ -387,34 +391,41 @@ def expand_dims(x, axes):
 
 @kernel("slice_by_index")
 def slice_by_index(x, begin, end, stride=None, begin_mask=None, end_mask=None, squeeze_mask=None):
+    """x[begin[0]:end[0]:stride[0], ...]; begin_mask / end_mask drop begin / end; squeeze_mask[i]
+    ignores end[i] and takes the one element at begin[i], its axis removed."""
     x = np.asarray(x)
-    rank = x.ndim
-    stride = [1] * rank if stride is None else [int(s) for s in stride]
-    begin_mask = [False] * rank if begin_mask is None else list(begin_mask)
-    end_mask = [False] * rank if end_mask is None else list(end_mask)
-    index = tuple(
-        slice(None if bm else int(b), None if em else int(e), s)
-        for b, e, s, bm, em in zip(begin, end, stride, begin_mask, end_mask)
-    )
+    index, squeezed = _slice_index(x.shape, begin, end, stride, begin_mask, end_mask, squeeze_mask)
     out = x[index]
-    if squeeze_mask is not None and any(squeeze_mask):
-        out = np.squeeze(out, axis=tuple(i for i, s in enumerate(squeeze_mask) if s))
-    return out
+    return np.squeeze(out, axis=squeezed) if squeezed else out
 
 
 @kernel("slice_by_size")
 def slice_by_size(x, begin, size):
+    """x[begin[i] : begin[i] + size[i]] per axis; size -1 runs to the end; a negative begin
+    counts from the end of its axis."""
     x = np.asarray(x)
-    index = tuple(slice(int(b), x.shape[i] if int(s) == -1 else int(b) + int(s))
-                  for i, (b, s) in enumerate(zip(begin, size)))
-    return x[index]
+    index = []
+    for n, b, s in zip(x.shape, np.atleast_1d(begin), np.atleast_1d(size)):
+        b = int(b) + n if int(b) < 0 else int(b)
+        index.append(slice(b, None) if int(s) == -1 else slice(b, b + int(s)))
+    return x[tuple(index)]
 
 
 @kernel("concat")
 def concat(values, axis, interleave=False):
-    if interleave:
-        raise ValueError("concat with interleave=True is not implemented")
-    return np.concatenate([np.asarray(v) for v in values], axis=int(axis))
+    """values joined along `axis`; rank-0 values count as length 1 there (the spec's type
+    inference: scalars concatenate to a vector). `interleave`: out[i::n] = values[i] along axis."""
+    values = [np.asarray(v) for v in values]
+    if values and values[0].ndim == 0:
+        values = [v.reshape(1) for v in values]
+    axis = int(axis) % values[0].ndim
+    if not interleave:
+        return np.concatenate(values, axis=axis)
+    # All the same shape: stack after `axis` and merge the two axes (v0[0], v1[0], v0[1], ...).
+    stacked = np.stack(values, axis=axis + 1)
+    shape = list(values[0].shape)
+    shape[axis] *= len(values)
+    return stacked.reshape(shape)
 
 
 @kernel("split")
@@ -506,11 +517,14 @@ def pad(x, pad, mode="constant", constant_val=0.0):
 
 @kernel("topk")
 def topk(x, k=1, axis=-1, ascending=False, sort=True, return_indices=True, output_indices_dtype="int32"):
+    """The k largest (smallest if ascending) values along axis, sorted, and their indices; iOS16:
+    only the values when return_indices is False (sort=False allows any order: sorted is one)."""
     x = np.asarray(x)
     axis = int(axis)
     order = np.argsort(x if ascending else -x, axis=axis, kind="stable")
     indices = np.take(order, range(int(k)), axis=axis)
-    return np.take_along_axis(x, indices, axis=axis), indices
+    values = np.take_along_axis(x, indices, axis=axis)
+    return (values, indices) if return_indices else values
 
 
 @kernel("gather_nd")
@@ -560,29 +574,37 @@ def _scatter_into(out, index, updates, mode):
 
 
 def _slice_index(shape, begin, end, stride, begin_mask, end_mask, squeeze_mask):
-    """slice_by_index's index: a slice per axis, or the integer begin[i] where squeeze_mask[i]."""
+    """slice_by_index's index (a slice per axis, every axis kept) and the axes squeeze_mask
+    removes. As the spec's own slicing (`solve_slice_by_index_slice`): a masked begin or end is
+    open; a squeezed axis ignores end and stride and steps past the axis, so it keeps the one
+    element at begin (the first one if begin is masked)."""
     rank = len(shape)
     stride = [1] * rank if stride is None else [int(s) for s in np.atleast_1d(stride)]
     begin_mask = [False] * rank if begin_mask is None else [bool(m) for m in np.atleast_1d(begin_mask)]
     end_mask = [False] * rank if end_mask is None else [bool(m) for m in np.atleast_1d(end_mask)]
     squeeze_mask = [False] * rank if squeeze_mask is None else [bool(m) for m in np.atleast_1d(squeeze_mask)]
     index = []
-    for b, e, s, bm, em, sq in zip(np.atleast_1d(begin), np.atleast_1d(end), stride, begin_mask,
-                                   end_mask, squeeze_mask):
-        index.append(int(b) if sq else slice(None if bm else int(b), None if em else int(e), s))
-    return tuple(index)
+    for n, b, e, s, bm, em, sq in zip(shape, np.atleast_1d(begin), np.atleast_1d(end), stride,
+                                      begin_mask, end_mask, squeeze_mask):
+        start = None if bm else int(b)
+        if sq:
+            index.append(slice(start, None, n + 1))
+        else:
+            index.append(slice(start, None if em else int(e), s))
+    return tuple(index), tuple(i for i, sq in enumerate(squeeze_mask) if sq)
 
 
 @kernel("slice_update")
 def slice_update(x, update, begin, end, stride=None, begin_mask=None, end_mask=None, squeeze_mask=None):
     """x with x[slice_by_index(begin, end, stride, masks)] = update (iOS18)."""
     out = np.array(x, copy=True)
-    index = _slice_index(out.shape, begin, end, stride, begin_mask, end_mask, squeeze_mask)
-    target = out[index]
+    index, squeezed = _slice_index(out.shape, begin, end, stride, begin_mask, end_mask, squeeze_mask)
+    target = out[index].shape
+    expected = tuple(n for i, n in enumerate(target) if i not in squeezed)
     update = np.asarray(update)
-    if tuple(update.shape) != tuple(np.shape(target)):
-        raise ValueError(f"slice_update: update shape {update.shape}, slice shape {np.shape(target)}")
-    out[index] = update.astype(out.dtype, copy=False)
+    if tuple(update.shape) != expected:
+        raise ValueError(f"slice_update: update shape {update.shape}, slice shape {expected}")
+    out[index] = update.astype(out.dtype, copy=False).reshape(target)
     return out
 
 
