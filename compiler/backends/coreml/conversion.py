@@ -8,7 +8,8 @@ installs the fixes, the last to leave restores the registry, and each swap
 replaces the whole registry at once, so no thread sees it half patched.
 
 - fills convert with the dtype torch gives them (`torch.full((1, 16), 0)` is
-  int64, so int32 in Core ML, not fp32; `zeros_like(mask, dtype=float)` in
+  int64, so int32 in Core ML, not fp32, and an int fill holds its value exactly, not
+  rounded to fp32 first; `zeros_like(mask, dtype=float)` in
   `nn.MultiheadAttention` is float, not bool) unless the fill value is only
   known at run time;
 - `rms_norm` without eps gets torch's default, the dtype's machine epsilon
@@ -22,6 +23,9 @@ replaces the whole registry at once, so no thread sees it half patched.
 - an op that coremltools converts to its own input (clone, alias, a same-dtype
   copy...) gets a real identity, so an output never repeats an input or another
   output in the payload (stock returns the input tensor itself as an output).
+
+Tests turn single fixes off with `fixes.fixes_off(name)` (see `fixes.py`); each fix asks
+`fixes.on(name)` where it acts.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from coremltools.converters.mil import Builder as mb
 from coremltools.converters.mil.frontend.torch.ops import promote_input_dtypes
 from coremltools.converters.mil.mil import types
 
+from compiler.backends.coreml import fixes
 from compiler.private_api import coreml_converters, swap_coreml_converters
 
 Converter = Callable[..., None]
@@ -80,13 +85,24 @@ _FILLS = {
 }
 
 
+def _fits_int32(value) -> bool:
+    try:
+        return np.iinfo(np.int32).min <= int(value) <= np.iinfo(np.int32).max
+    except (TypeError, ValueError, OverflowError):  # None, an array, nan or inf
+        return False
+
+
 def _fill_with_torch_dtype(original: Converter, value_index: int | None) -> Converter:
     @functools.wraps(original)
     def convert(context, node):
-        if value_index is not None and len(node.inputs) > value_index:
-            value = _context_var(context, node.inputs[value_index])
-            if value is not None and value.val is None:
+        if not fixes.on("fill_dtypes"):
+            return original(context, node)
+        value = node.inputs[value_index] if value_index is not None and len(node.inputs) > value_index else None
+        if isinstance(value, str):  # a named value, else a literal
+            var = _context_var(context, value)
+            if var is not None and var.val is None:
                 return original(context, node)  # a run-time fill value: keep coremltools' way
+            value = var.val if var is not None else None
         original(context, node)
         expected = node.meta.get("val") if node.meta else None
         dtype = _core_ml_dtype(expected.dtype) if isinstance(expected, torch.Tensor) else None
@@ -94,7 +110,16 @@ def _fill_with_torch_dtype(original: Converter, value_index: int | None) -> Conv
         if dtype is None or result is None or types.builtin_to_string(result.dtype) == dtype:
             return
         result.name = f"{node.name}_as_converted"
-        context.add(mb.cast(x=result, dtype=dtype, name=node.name), torch_name=node.name, override=True)
+        if dtype == "int32" and _fits_int32(value) and types.is_float(result.dtype):
+            # Cast, the float fill keeps its float32 rounding (2**24 + 1 -> 2**24): fill the int.
+            exact = np.int32(value)
+            if result.rank:
+                fixed = mb.fill(shape=mb.shape(x=result), value=exact, name=node.name)
+            else:
+                fixed = mb.const(val=exact, name=node.name)
+        else:
+            fixed = mb.cast(x=result, dtype=dtype, name=node.name)
+        context.add(fixed, torch_name=node.name, override=True)
 
     return convert
 
@@ -124,7 +149,7 @@ def _gelu_keyword_approximate(original: Converter) -> Converter:
     @functools.wraps(original)
     def convert(context, node):
         approximate = (node.kwinputs or {}).get("approximate")
-        if approximate and approximate[0] == "tanh" and len(node.inputs) == 1:
+        if approximate and approximate[0] == "tanh" and len(node.inputs) == 1 and fixes.on("tanh_gelu"):
             x = context[node.inputs[0]]
             context.add(mb.gelu(x=x, mode="TANH_APPROXIMATION", name=node.name))
             return
@@ -182,7 +207,7 @@ def _never_alias(original: Converter) -> Converter:
     @functools.wraps(original)
     def convert(context, node):
         original(context, node)
-        if len(node.outputs) != 1 or not node.inputs:
+        if len(node.outputs) != 1 or not node.inputs or not fixes.on("never_alias"):
             return
         result = _context_var(context, node.outputs[0])
         source = _context_var(context, node.inputs[0])

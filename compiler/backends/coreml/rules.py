@@ -25,6 +25,7 @@ import torch
 from coremltools.converters.mil.frontend.torch.utils import TORCH_DTYPE_TO_NUM
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from compiler.backends.coreml import fixes
 from compiler.ir.dialect import op_name
 from compiler.private_api import (
     aten_overload,
@@ -315,7 +316,7 @@ def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[tuple[
 
 @node_rule()
 def unsupported_index_put(node, ctx) -> Optional[str]:
-    if not _is(node, torch.ops.aten.index_put):
+    if not _is(node, torch.ops.aten.index_put) or not fixes.on("index_put_refusals"):
         return None
     found = _index_put_problem(node, ctx)
     if not found:

@@ -1,0 +1,68 @@
+"""Test-only switches that turn our Core ML fixes off, to prove the check catches their bugs.
+
+Every fix below works around a coremltools conversion that is silently wrong (or, for
+`never_alias`, a payload whose output is its input). Tests turn one off with
+`fixes_off("tanh_gelu")`, compile, and show that running the program and comparing it
+with eager fails; nothing else turns a fix off.
+
+Each fix asks `on(name)` at the one place where it acts, when a node is converted or a
+rule is asked, never when `conversion.installed()` builds the registry: the converter
+registry is the same with a fix on or off, so switching cannot disturb its install and
+restore counting. The switches are process-wide, not per thread (a compile may convert
+in another thread than the one that switched), and counted, so nested or concurrent
+blocks compose: a fix is off while any block that turned it off is open.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from typing import Iterator
+
+# Name -> what the fix does (and so what goes wrong without it).
+FIXES: dict[str, str] = {
+    "tanh_gelu": (
+        "gelu(approximate='tanh') converts as Core ML's TANH_APPROXIMATION "
+        "(stock reads `approximate` positionally only and converts the exact GELU)"
+    ),
+    # One switch for every fill, nn.MultiheadAttention's bool mask included: its
+    # `zeros_like(mask, dtype=float)` (stock: bool, as zeros_like reads its dtype positionally
+    # only, so a functional masked_fill(-inf) then computes in bool and the mask adds 0/1) is
+    # fixed by the same code as `full((n,), 2049)` (stock: float), in the same place. A second
+    # switch would be a second name for that code. (MHA itself fills in place, which our
+    # decomposition turns into `where`, which promotes the bool zeros: right either way.)
+    "fill_dtypes": "fills convert with the dtype torch gives them (int, float for a bool mask's zeros_like)",
+    "index_put_refusals": "index_put forms coremltools converts wrongly stay on the CPU (rules.unsupported_index_put)",
+    "never_alias": "an op coremltools converts to its own input gets a real identity, so no output is an input",
+}
+
+_LOCK = threading.Lock()
+_off: collections.Counter[str] = collections.Counter()  # name -> open blocks that turned it off
+
+
+def _known(names: tuple[str, ...]) -> None:
+    unknown = sorted(set(names) - set(FIXES))
+    if unknown:
+        raise ValueError(
+            f"unknown Core ML fix {', '.join(map(repr, unknown))}; the fixes are: {', '.join(FIXES)}"
+        )
+
+
+def on(name: str) -> bool:
+    """Whether fix `name` applies now (always, unless a test turned it off)."""
+    _known((name,))
+    return _off[name] == 0
+
+
+@contextlib.contextmanager
+def fixes_off(*names: str) -> Iterator[None]:
+    """For tests: compile with these fixes off, as stock coremltools would convert."""
+    _known(names)
+    with _LOCK:
+        _off.update(names)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _off.subtract(names)

@@ -1,0 +1,276 @@
+"""Each of our Core ML conversion fixes, switched off (`fixes.fixes_off`), lets a silent
+coremltools bug through and the check (`compare_with_eager`: CPU kernels with torch, each
+Core ML payload in the MIL reference interpreter) fails on its case; switched on, it passes.
+
+The cases compute in float32 (backend option compute_precision) where the bug is below float16's
+resolution (tanh GELU: 4.7e-4) or in integers float16 keeps but float32 does not (above
+2**24); the check then holds the program to 1e-4 absolute. The index_put refusals are the
+exception, told at their tests: switched off, the check finds no wrong number for two
+refused forms (one it cannot run yet) and refuses the third, a malformed scatter.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from compiler.backends.coreml import fixes
+from compiler.backends.coreml.fixes import fixes_off
+from compiler.backends.coreml.interpreter import UnsupportedMilOp, load_programs
+from compiler.backends.coreml.reference import AliasedPayloadOutput
+from compiler.runtime import FLOAT32_ABSOLUTE, compare_with_eager
+from coreml_helpers import compile_coreml, cpu_ops, models
+
+FP32 = {"compute_precision": "float32"}
+
+
+def _output_dtype(payload, name):
+    (dtype,) = [op.outputs[name] for op in payload.ops if name in op.outputs]
+    return dtype
+
+
+def _on_and_off(switch, model, inputs, **options):
+    """The model compiled with every fix on, and with `switch` off."""
+    on = compile_coreml(model, inputs, **options)
+    with fixes_off(switch):
+        off = compile_coreml(model, inputs, **options)
+    return on, off
+
+
+# --- the switch itself ---------------------------------------------------------------
+
+
+def test_an_unknown_fix_is_named_with_the_known_ones():
+    with pytest.raises(ValueError) as caught:
+        with fixes_off("tanh_gelu", "mha_mask"):
+            pass
+    message = str(caught.value)
+    assert "'mha_mask'" in message and all(name in message for name in fixes.FIXES)
+    assert fixes.on("tanh_gelu")  # nothing was turned off
+
+
+def test_switches_nest_and_come_back_on():
+    with fixes_off("tanh_gelu"):
+        with fixes_off("tanh_gelu", "fill_dtypes"):
+            assert not fixes.on("tanh_gelu") and not fixes.on("fill_dtypes")
+        assert not fixes.on("tanh_gelu") and fixes.on("fill_dtypes")
+    assert all(fixes.on(name) for name in fixes.FIXES)
+
+
+# --- tanh GELU ----------------------------------------------------------------------
+
+
+class TanhGelu(nn.Module):
+    def forward(self, x):
+        return F.gelu(x, approximate="tanh")
+
+
+def test_tanh_gelu():
+    model, inputs = TanhGelu(), (torch.linspace(-4, 4, 257).reshape(1, 257),)
+    on, off = _on_and_off("tanh_gelu", model, inputs, **FP32)
+    assert [m.ops_of_type("gelu")[0].constants["mode"] for m in (*models(on), *models(off))] == [
+        "TANH_APPROXIMATION", "EXACT",
+    ]
+    bad = compare_with_eager(off, model, inputs)
+    # The exact GELU instead: tanh GELU's largest distance from it, below float16's resolution.
+    assert 4.5e-4 < bad.max_abs_error < 4.8e-4 and not bad.passed
+    assert bad.tolerance.absolute == FLOAT32_ABSOLUTE
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error < 1e-6
+
+
+# --- fill dtypes --------------------------------------------------------------------
+
+
+class IntFill(nn.Module):
+    """Token ids offset by a fill: int64 in torch; stock fills fp32 (`full` defaults to float)."""
+
+    def __init__(self, offset):
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, ids):
+        return torch.full((1, 16), self.offset) + ids
+
+
+def test_int_fill_keeps_integers_float32_cannot_hold():
+    # float32 compute precision, values just above 2**24: the float fill loses the odd ones
+    # (16777217 -> 16777216), and so did our fix while it cast the float fill to int32.
+    model, inputs = IntFill(2**24 + 1), (torch.arange(16).reshape(1, 16),)
+    on, off = _on_and_off("fill_dtypes", model, inputs, **FP32)
+    assert not cpu_ops(on) and not cpu_ops(off)
+    bad = compare_with_eager(off, model, inputs)
+    assert bad.max_abs_error == 2 and not bad.passed  # 16777216.0 + 1 rounds to 16777216, not 16777218
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error == 0
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # coremltools, on the fp16 fill
+def test_int_fill_in_float16_needs_an_exact_check():
+    """float16 compute precision (the default): the float fill holds integers up to 2**11
+    only, 2049 + ids comes out 2 off. The check's float16 tolerance (1e-2 of the largest
+    output, 20.6 here) lets that through; integers are checked exactly (tolerance 0)."""
+    model, inputs = IntFill(2049), (torch.arange(16).reshape(1, 16),)
+    on, off = _on_and_off("fill_dtypes", model, inputs)
+    bad = compare_with_eager(off, model, inputs, tolerance=0.0)
+    assert bad.max_abs_error == 2 and not bad.passed
+    good = compare_with_eager(on, model, inputs, tolerance=0.0)
+    assert good.passed and not good.max_abs_error
+
+
+class MaskedScores(nn.Module):
+    """Attention with a bool mask made additive as nn.MultiheadAttention makes it
+    (`zeros_like(mask, dtype=float).masked_fill(mask, -inf)`), written out: stock fills the
+    zeros as bool (zeros_like reads its dtype positionally only), the masked_fill then computes
+    in bool and the mask adds 1 where it should add -inf."""
+
+    def forward(self, q, k, mask):
+        additive = torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask, float("-inf"))
+        return (q @ k.transpose(-1, -2) / 2 + additive).softmax(-1)
+
+
+def _causal_inputs():
+    torch.manual_seed(0)
+    return torch.randn(1, 4, 8), torch.randn(1, 4, 8), torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)
+
+
+def test_bool_mask_filled_as_float():
+    model, inputs = MaskedScores(), _causal_inputs()
+    on, off = _on_and_off("fill_dtypes", model, inputs, **FP32)
+    assert not cpu_ops(on) and not cpu_ops(off)
+    bad = compare_with_eager(off, model, inputs)
+    assert bad.max_abs_error > 0.1 and not bad.passed  # masked positions get weight
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error < 1e-6
+
+
+class MultiheadAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x, mask, padding):
+        return self.attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False)[0]
+
+
+def test_multihead_attention_with_bool_masks_passes_with_the_fill_fix_on_and_off():
+    """nn.MultiheadAttention's mask fill is the same `zeros_like(mask, dtype=float)` as above,
+    fixed by the same code, so it has the same switch (`fill_dtypes`). But it fills in place
+    (`masked_fill_`), which our decomposition turns into `where`, whose converter promotes
+    the bool zeros to float: without the fix the module still comes out right, and the check
+    rightly passes both ways."""
+    torch.manual_seed(0)
+    model = MultiheadAttention().eval()
+    x, _, mask = _causal_inputs()
+    inputs = (x, mask, torch.tensor([[False, False, False, True]]))
+    on, off = _on_and_off("fill_dtypes", model, inputs, **FP32)
+    assert not cpu_ops(on) and not cpu_ops(off)
+    # With the fix the mask's zeros are float; without, bool, which `where` then promotes.
+    assert _output_dtype(*models(on), "aten_zeros_like_default") == "float32"
+    assert _output_dtype(*models(off), "aten_zeros_like_default_promoted") == "float32"
+    for artifact in (on, off):
+        check = compare_with_eager(artifact, model, inputs)
+        assert check.passed and check.max_abs_error < 1e-6
+
+
+# --- never alias --------------------------------------------------------------------
+
+
+class ReturnsItsInput(nn.Module):
+    def forward(self, x):
+        return x.clone(), x + 1
+
+
+def test_never_alias():
+    model, inputs = ReturnsItsInput(), (torch.randn(3),)
+    on, off = _on_and_off("never_alias", model, inputs, **FP32)
+    (payload,) = models(off)
+    assert payload.outputs[0] in payload.inputs  # the clone is the input itself
+    with pytest.raises(AliasedPayloadOutput):
+        compare_with_eager(off, model, inputs)
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error == 0
+
+
+# --- index_put refusals ---------------------------------------------------------------
+
+
+class IndexPut(nn.Module):
+    """One index_put between two ops Core ML takes (so its neighbours stay delegated)."""
+
+    def __init__(self, indices, accumulate=False):
+        super().__init__()
+        self.indices, self.accumulate = indices, accumulate
+
+    def forward(self, y, i, v):
+        indices = self.indices(y, i)
+        return torch.ops.aten.index_put.default(y * 2, indices, v + 1, self.accumulate) - 1
+
+
+# The refused forms whose stock text is None: coremltools converts them without a word.
+SILENT_FORMS = {
+    "accumulate": (
+        IndexPut(lambda y, i: [i], accumulate=True),
+        (torch.randn(5, 3), torch.tensor([0, 0, 2]), torch.randn(3, 3)),
+    ),
+    "bool-mask-below-ios18": (
+        IndexPut(lambda y, i: [y > i]),
+        (torch.randn(3, 4), torch.tensor([0.0]), torch.tensor([5.0])),
+    ),
+    "0-d-next-to-slice-values-vary": (  # y[:, i] = v, i a 0-d index made in the program
+        IndexPut(lambda y, i: [None, i[0]]),
+        (torch.randn(2, 4, 3), torch.tensor([1]), torch.arange(6.0).reshape(2, 3)),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def index_put_forms():
+    return {name: _on_and_off("index_put_refusals", *case, **FP32) for name, case in SILENT_FORMS.items()}
+
+
+@pytest.mark.parametrize("form", list(SILENT_FORMS))
+def test_index_put_refusals_on_keep_the_form_on_the_cpu_and_pass(index_put_forms, form):
+    on, off = index_put_forms[form]
+    assert "aten.index_put.default" in cpu_ops(on).values()
+    assert not cpu_ops(off)  # refusals off: the whole program is one Core ML payload
+    model, inputs = SILENT_FORMS[form]
+    check = compare_with_eager(on, model, inputs)
+    assert check.passed and check.max_abs_error < 1e-5
+
+
+def test_index_put_accumulate_refusal_off_finds_no_wrong_number(index_put_forms):
+    """coremltools converts accumulate=True to scatter_nd(mode="add"), which accumulates
+    repeated indices (the MIL spec, and the interpreter, agree with torch): the refusal is not
+    backed by a wrong number the check can show."""
+    _, off = index_put_forms["accumulate"]
+    (payload,) = models(off)
+    assert [op.constants["mode"] for op in payload.ops_of_type("scatter_nd")] == ["add"]
+    model, inputs = SILENT_FORMS["accumulate"]
+    check = compare_with_eager(off, model, inputs)
+    assert check.passed and check.max_abs_error < 1e-5
+
+
+@pytest.mark.xfail(raises=UnsupportedMilOp, strict=True, reason="the MIL interpreter has no non_zero kernel")
+def test_index_put_bool_mask_below_ios18_refusal_off(index_put_forms):
+    """A bool mask converts to non_zero + scatter_nd. Run with a non_zero kernel (and a
+    slice_by_index that ignores `end` where it squeezes), it matches torch: like accumulate,
+    no wrong number backs this refusal."""
+    _, off = index_put_forms["bool-mask-below-ios18"]
+    model, inputs = SILENT_FORMS["bool-mask-below-ios18"]
+    assert compare_with_eager(off, model, inputs).passed
+
+
+def test_index_put_zero_d_index_next_to_slice_refusal_off_is_malformed(index_put_forms):
+    """`y[:, i] = v` with a 0-d i and v of shape (2, 3): coremltools writes a (2, 1, 3) block and
+    tiles v to (2, 2, 3) for it, so its scatter gets 12 updates for 6 positions. The check
+    refuses to run that program (what Core ML does with it, the MIL spec does not say)."""
+    _, off = index_put_forms["0-d-next-to-slice-values-vary"]
+    [program] = load_programs(off.pte)
+    [scatter] = [op for op in program.functions["main"].operations if op.op_type == "scatter"]
+    assert scatter.inputs["updates"].shape == (12,)
+    assert scatter.inputs["indices"].shape != (12,)  # (6 * is34,): is34 is 1 at run time
+    model, inputs = SILENT_FORMS["0-d-next-to-slice-values-vary"]
+    with pytest.raises(ValueError, match=r"\(12,\).*\(6,\)"):
+        compare_with_eager(off, model, inputs)
