@@ -174,6 +174,31 @@ def prelu(x, alpha):
     return np.where(x >= 0, x, x * alpha)
 
 
+@kernel("thresholded_relu")
+def thresholded_relu(x, alpha=1.0):
+    """x where x >= alpha, else 0."""
+    return np.where(x >= alpha, x, np.zeros((), np.asarray(x).dtype))
+
+
+@kernel("clamped_relu")
+def clamped_relu(x, alpha, beta):
+    """min(beta, x) for x >= 0, min(beta, alpha * x) below."""
+    return np.minimum(np.where(x >= 0, x, alpha * x), beta)
+
+
+@kernel("scaled_tanh")
+def scaled_tanh(x, alpha, beta):
+    return alpha * np.tanh(beta * x)
+
+
+@kernel("softplus_parametric")
+def softplus_parametric(x, alpha, beta):
+    """alpha_c * log(1 + exp(beta_c * x)), alpha and beta per channel (axis 1)."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    alpha, beta = np.asarray(alpha).reshape(shape), np.asarray(beta).reshape(shape)
+    return alpha * np.logaddexp(np.zeros((), x.dtype), beta * x)
+
+
 @kernel("softmax")
 def softmax(x, axis=-1):
     x = _f32(x)
@@ -261,38 +286,96 @@ def conv(x, weight, bias=None, strides=None, pad_type="valid", pad=None, dilatio
     return out
 
 
+@kernel("conv_transpose")
+def conv_transpose(x, weight, bias=None, pad=None, output_shape=None, pad_type="valid", strides=None,
+                   dilations=None, groups=1):
+    """The transposed convolution: input element i, kernel tap k add x * w at output s * i + d * k
+    (weight [C_in, C_out / groups, *K]), on the full output (D_in - 1) * s + (K - 1) * d + 1,
+    which the padding then crops: "custom" drops pad[2i] before and pad[2i+1] after; "same"
+    gives D_in * s (TensorFlow's split: the odd one after). With output_shape, the output is
+    that size, from the same start (any part past the full output is 0)."""
+    x, weight = _f32(x), _f32(weight)
+    n, groups = x.ndim - 2, int(groups)
+    strides = [int(s) for s in (strides if strides is not None else [1] * n)]
+    dilations = [int(d) for d in (dilations if dilations is not None else [1] * n)]
+    batch, c_in = x.shape[:2]
+    ks = weight.shape[2:]
+    per_group = weight.shape[1]
+    full_sizes = [(d_in - 1) * s + (k - 1) * d + 1 for d_in, k, s, d in zip(x.shape[2:], ks, strides, dilations)]
+    full = np.zeros((batch, groups, per_group) + tuple(full_sizes), np.float32)
+    xg = x.reshape((batch, groups, c_in // groups) + x.shape[2:])
+    wg = weight.reshape((groups, c_in // groups, per_group) + tuple(ks))
+    letters = "hijklm"[:n]
+    for tap in np.ndindex(*ks):
+        contribution = np.einsum(f"ngc{letters},gco->ngo{letters}", xg, wg[(Ellipsis,) + tap])
+        index = tuple(slice(d * k, d * k + s * (size - 1) + 1, s)
+                      for k, s, d, size in zip(tap, strides, dilations, x.shape[2:]))
+        full[(slice(None),) * 3 + index] += contribution
+    full = full.reshape((batch, groups * per_group) + tuple(full_sizes))
+    if str(pad_type) == "custom":
+        pad = [int(p) for p in (pad if pad is not None else [0] * 2 * n)]
+        begins = pad[0::2]
+        sizes = [f - pad[2 * i] - pad[2 * i + 1] for i, f in enumerate(full_sizes)]
+    elif str(pad_type) == "same":
+        sizes = [d_in * s for d_in, s in zip(x.shape[2:], strides)]
+        begins = [max(f - size, 0) // 2 for f, size in zip(full_sizes, sizes)]
+    else:
+        begins, sizes = [0] * n, list(full_sizes)
+    if output_shape is not None:
+        sizes = [int(o) for o in np.atleast_1d(output_shape)[2:]]
+    out = np.zeros((batch, full.shape[1]) + tuple(sizes), np.float32)
+    source = tuple(slice(b, min(b + size, f)) for b, size, f in zip(begins, sizes, full_sizes))
+    target = tuple(slice(0, min(b + size, f) - b) for b, size, f in zip(begins, sizes, full_sizes))
+    out[(slice(None),) * 2 + target] = full[(slice(None),) * 2 + source]
+    if bias is not None:
+        out = out + _f32(bias).reshape((1, -1) + (1,) * n)
+    return out
+
+
 def _pool(x, kernel_sizes, strides, pad_type, pad, ceil_mode, fill):
+    """x's pooling windows (N, C, *D_out, *K), padded with `fill`, and the pads (before, after)
+    per spatial axis that the spec's padding gives (the ceil-mode overhang not counted)."""
     n = x.ndim - 2
     ks = [int(k) for k in kernel_sizes]
     strides = [int(s) for s in (strides if strides is not None else [1] * n)]
     pads = _pads(pad_type, pad, x.shape[2:], ks, strides, [1] * n)
+    windowed = pads
     if ceil_mode:  # the last window may start inside the input and end past its padding
-        extended = []
+        windowed = []
         for size, k, s, (b, a) in zip(x.shape[2:], ks, strides, pads):
             out = math.ceil((size + b + a - k) / s) + 1
-            if (out - 1) * s >= size + b:  # a window must start inside the input or left padding
+            # The spec's (and PyTorch's) rule: a window must start inside the input or its left
+            # padding; the spec applies it only to a padded axis.
+            if (out - 1) * s >= size + b and b + a > 0:
                 out -= 1
-            extended.append((b, max(a, (out - 1) * s + k - size - b)))
-        pads = extended
-    return _windows(x, ks, strides, [1] * n, pads, fill), n
+            windowed.append((b, max(a, (out - 1) * s + k - size - b)))
+    return _windows(x, ks, strides, [1] * n, windowed, fill), n, pads
 
 
 @kernel("max_pool")
 def max_pool(x, kernel_sizes, strides=None, pad_type="valid", pad=None, ceil_mode=False):
-    w, n = _pool(np.asarray(x), kernel_sizes, strides, pad_type, pad, ceil_mode, -np.inf)
+    w, n, _ = _pool(np.asarray(x), kernel_sizes, strides, pad_type, pad, ceil_mode, -np.inf)
     return w.max(axis=tuple(range(-n, 0)))
 
 
 @kernel("avg_pool")
 def avg_pool(x, kernel_sizes, strides=None, pad_type="valid", pad=None,
              exclude_padding_from_average=False, ceil_mode=False):
+    """The window's sum over its size. The size counts the input and the padding (only the
+    input with exclude_padding_from_average), never the part of a ceil-mode window past the
+    padding: the spec's ceil_mode is "same as PyTorch's", whose divisor clips the window to
+    the padded input."""
     x = _f32(x)
-    w, n = _pool(x, kernel_sizes, strides, pad_type, pad, ceil_mode, 0)
+    w, n, pads = _pool(x, kernel_sizes, strides, pad_type, pad, ceil_mode, 0)
     total = w.sum(axis=tuple(range(-n, 0)))
-    if exclude_padding_from_average:
-        ones, _ = _pool(np.ones_like(x), kernel_sizes, strides, pad_type, pad, ceil_mode, 0)
-        return total / ones.sum(axis=tuple(range(-n, 0)))
-    return total / np.float32(np.prod([int(k) for k in kernel_sizes]))
+    strides = [int(s) for s in (strides if strides is not None else [1] * n)]
+    count = np.ones((), np.float32)
+    for axis, (size, k, s, (b, a)) in enumerate(zip(x.shape[2:], kernel_sizes, strides, pads)):
+        start = np.arange(total.shape[2 + axis]) * s - b  # in input coordinates
+        low, high = (0, size) if exclude_padding_from_average else (-b, size + a)
+        inside = np.minimum(start + int(k), high) - np.maximum(start, low)
+        count = np.multiply.outer(count, np.maximum(inside, 0).astype(np.float32))
+    return total / count
 
 
 # --- normalization (iOS15/normalization.py) -----------------------------------------
@@ -323,6 +406,30 @@ def batch_norm(x, mean, variance, gamma=None, beta=None, epsilon=1e-5):
     if beta is not None:
         out = out + _f32(beta).reshape(shape)
     return out
+
+
+@kernel("instance_norm")
+def instance_norm(x, gamma=None, beta=None, epsilon=1e-5):
+    """Each (n, c) normalized over its spatial axes (biased variance), then gamma_c and beta_c."""
+    x = _f32(x)
+    axes = tuple(range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    out = (x - mean) / np.sqrt(var + np.float32(epsilon))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if gamma is not None:
+        out = out * _f32(gamma).reshape(shape)
+    if beta is not None:
+        out = out + _f32(beta).reshape(shape)
+    return out
+
+
+@kernel("l2_norm")
+def l2_norm(x, epsilon=1e-6):
+    """x / sqrt(sum of squares + epsilon), the sum over the last three axes (the rest is batch)."""
+    x = _f32(x)
+    squares = np.sum(x * x, axis=(-3, -2, -1), keepdims=True)
+    return x / np.sqrt(squares + np.float32(epsilon))
 
 
 # --- reductions (iOS15/reduction.py) ------------------------------------------------
@@ -614,3 +721,130 @@ def scatter_nd(data, indices, updates, mode="add", validate_indices=False):
     out = np.array(data, copy=True)
     indices = np.asarray(indices).astype(np.int64)
     return _scatter_into(out, tuple(np.moveaxis(indices, -1, 0)), updates, mode)
+
+
+# --- more tensor operations (iOS15/tensor_operation.py, tensor_transformation.py,
+# scatter_gather.py, image_resizing.py; iOS16 pixel_unshuffle) ------------------------
+
+
+@kernel("reverse")
+def reverse(x, axes=None):
+    """x reversed along `axes` (every axis if None)."""
+    x = np.asarray(x)
+    return np.flip(x, axis=None if axes is None else _axes(axes, x.ndim))
+
+
+@kernel("argsort")
+def argsort(x, axis=-1, ascending=False):
+    """The indices that sort x along axis, descending unless ascending (ties: first index first)."""
+    x = np.asarray(x)
+    key = x if ascending else -x.astype(np.float64) if x.dtype.kind in "iu" else -x
+    return np.argsort(key, axis=int(axis), kind="stable")
+
+
+@kernel("one_hot")
+def one_hot(indices, one_hot_vector_size, axis=-1, on_value=1, off_value=0):
+    """A new axis (at `axis` of the output) of length one_hot_vector_size: on_value where its
+    position equals the index, off_value elsewhere (an index out of range has none)."""
+    indices = np.asarray(indices).astype(np.int64)
+    depth = int(np.asarray(one_hot_vector_size).reshape(-1)[0])
+    axis = int(axis) % (indices.ndim + 1)
+    positions = np.arange(depth).reshape((depth,) + (1,) * (indices.ndim - axis))
+    hit = np.expand_dims(indices, axis) == positions
+    return np.where(hit, on_value, off_value)
+
+
+@kernel("band_part")
+def band_part(x, lower=-1, upper=-1):
+    """x where (lower < 0 or m - n <= lower) and (upper < 0 or n - m <= upper) on the last two
+    axes (m the row, n the column), 0 elsewhere."""
+    x = np.asarray(x)
+    m = np.arange(x.shape[-2])[:, None]
+    n = np.arange(x.shape[-1])[None, :]
+    lower, upper = int(lower), int(upper)
+    keep = ((lower < 0) | (m - n <= lower)) & ((upper < 0) | (n - m <= upper))
+    return np.where(keep, x, np.zeros((), x.dtype))
+
+
+@kernel("scatter_along_axis")
+def scatter_along_axis(data, indices, updates, axis=0, mode="add", validate_indices=False):
+    """data with data[p_0, .., indices[p], .., p_D] (the index replacing position `axis`) = or
+    op= updates[p], for every position p of indices (default mode "add", as the spec)."""
+    out = np.array(data, copy=True)
+    axis = int(axis) % out.ndim
+    indices = np.asarray(indices).astype(np.int64)
+    indices = np.where(indices < 0, indices + out.shape[axis], indices)
+    grid = list(np.indices(indices.shape, sparse=True))
+    grid[axis] = indices
+    return _scatter_into(out, tuple(grid), updates, mode)
+
+
+@kernel("pixel_shuffle")
+def pixel_shuffle(x, upscale_factor):
+    """[n, C * f * f, H, W] -> [n, C, H * f, W * f], as PyTorch's PixelShuffle."""
+    x = np.asarray(x)
+    f = int(upscale_factor)
+    n, c, h, w = x.shape
+    out = x.reshape(n, c // (f * f), f, f, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return out.reshape(n, c // (f * f), h * f, w * f)
+
+
+@kernel("pixel_unshuffle")
+def pixel_unshuffle(x, downscale_factor):
+    """[n, C, H * f, W * f] -> [n, C * f * f, H, W], as PyTorch's PixelUnshuffle (iOS16)."""
+    x = np.asarray(x)
+    f = int(downscale_factor)
+    n, c, h, w = x.shape
+    out = x.reshape(n, c, h // f, f, w // f, f).transpose(0, 1, 3, 5, 2, 4)
+    return out.reshape(n, c * f * f, h // f, w // f)
+
+
+@kernel("upsample_nearest_neighbor")
+def upsample_nearest_neighbor(x, scale_factor_height=1, scale_factor_width=1):
+    """The last two axes scaled to floor(size * scale); output i takes input floor(i / scale)."""
+    x = np.asarray(x)
+    for axis, scale in ((-2, scale_factor_height), (-1, scale_factor_width)):
+        size = x.shape[axis]
+        out = int(np.floor(size * float(scale)))
+        source = np.minimum(np.floor(np.arange(out) / np.float64(scale)).astype(np.int64), size - 1)
+        x = np.take(x, source, axis=axis)
+    return x
+
+
+def _linear_weights(size_in, size_out, align_corners):
+    """The spec's bilinear grid for one axis: (lower index, upper index, upper weight)."""
+    i = np.arange(size_out, dtype=np.float64)
+    if align_corners:
+        spacing = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+        grid = i * spacing
+    else:
+        spacing = size_in / size_out
+        grid = i * spacing + 0.5 * spacing - 0.5
+    grid = np.clip(grid, 0, size_in - 1)
+    low = np.floor(grid).astype(np.int64)
+    high = np.minimum(low + 1, size_in - 1)
+    return low, high, grid - low
+
+
+@kernel("upsample_bilinear")
+def upsample_bilinear(x, scale_factor_height=1, scale_factor_width=1, align_corners=True):
+    """The last two axes scaled to floor(size * scale), each output the linear interpolation
+    of the input at the spec's grid point (align_corners: i * (in - 1) / (out - 1); else
+    i * in / out + 0.5 * in / out - 0.5), clipped to [0, in - 1]."""
+    x = _f32(x)
+    for axis, scale in ((-2, scale_factor_height), (-1, scale_factor_width)):
+        size = x.shape[axis]
+        low, high, weight = _linear_weights(size, int(np.floor(size * float(scale))), bool(align_corners))
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        weight = weight.reshape(shape).astype(np.float32)
+        x = np.take(x, low, axis=axis) * (1 - weight) + np.take(x, high, axis=axis) * weight
+    return x
+
+
+@kernel("crop")
+def crop(x, crop_height, crop_width):
+    """The last two axes cropped: crop_height = (top, bottom), crop_width = (left, right)."""
+    x = np.asarray(x)
+    (top, bottom), (left, right) = [int(c) for c in crop_height], [int(c) for c in crop_width]
+    return x[..., top:x.shape[-2] - bottom, left:x.shape[-1] - right]
