@@ -123,24 +123,34 @@ class Tolerance:
 
 @attrs.frozen
 class CheckResult:
-    max_abs_error: float
+    max_abs_error: float  # over every output
     max_rel_error: float
     outputs: int
-    largest_expected: float
+    largest_expected: float  # the largest |eager value| among floating-point outputs
     tolerance: Tolerance
+    # The largest error in an integer or bool output: by default these must match exactly
+    # (a program that computes an integer through float16 is wrong, whatever its scale).
+    integer_error: float = 0.0
+    integers_exact: bool = True
 
     @property
     def passed(self) -> bool:
+        if self.integers_exact and self.integer_error:
+            return False
         return self.max_abs_error <= self.tolerance.absolute
 
     def within(self, tolerance: float) -> bool:
         return self.max_abs_error <= tolerance
 
     def describe(self) -> str:
+        integers = (
+            f"; integer outputs differ by up to {self.integer_error:.3g} (they must match exactly)"
+            if self.integers_exact and self.integer_error else ""
+        )
         return (
             f"check: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
             f"max rel error {self.max_rel_error:.3g} -> {'OK' if self.passed else 'MISMATCH'} "
-            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule})"
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers})"
         )
 
 
@@ -148,8 +158,9 @@ def compare_with_eager(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
 ) -> CheckResult:
     """Run the program (an Artifact, `.pte` bytes or path) and the eager module on the same
-    inputs; report the largest errors against `tolerance` (absolute), or by default against
-    one that fits the precision the program computes in (`Tolerance.for_precision`)."""
+    inputs; report the largest errors against `tolerance` (absolute, for every output), or
+    by default against one that fits the precision the program computes in
+    (`Tolerance.for_precision`) for floating-point outputs, and exact integer outputs."""
     with torch.no_grad():
         expected = [x for x in pytree.tree_leaves(module(*inputs)) if isinstance(x, torch.Tensor)]
     loaded = LoadedProgram(program)
@@ -159,8 +170,9 @@ def compare_with_eager(
             f"the program returned {len(actual)} outputs, eager returned {len(expected)}",
             hint="compare the module the program was compiled from",
         )
-    max_abs = max_rel = largest = 0.0
+    max_abs = max_rel = largest = integer_error = 0.0
     for got, want in zip(actual, expected):
+        floating = want.is_floating_point() or want.is_complex()
         got, want = got.to(torch.float64), want.to(torch.float64)
         if got.shape != want.shape:
             raise UserInputError(f"output shape {tuple(got.shape)} differs from eager {tuple(want.shape)}")
@@ -168,9 +180,12 @@ def compare_with_eager(
         if diff.numel():
             max_abs = max(max_abs, diff.max().item())
             max_rel = max(max_rel, (diff / want.abs().clamp_min(1e-6)).max().item())
-            largest = max(largest, want.abs().max().item())
+            if floating:
+                largest = max(largest, want.abs().max().item())
+            else:
+                integer_error = max(integer_error, diff.max().item())
     chosen = (
         Tolerance.given(tolerance) if tolerance is not None
         else Tolerance.for_precision(loaded.computes_in_float16, largest)
     )
-    return CheckResult(max_abs, max_rel, len(expected), largest, chosen)
+    return CheckResult(max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None)

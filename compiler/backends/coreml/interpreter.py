@@ -111,6 +111,11 @@ class MilInterpreter:
             for var in op.outputs
         )
 
+    def input_shape(self, name: str) -> Optional[tuple[int, ...]]:
+        """The static shape the program declares for input `name` (None if symbolic or unknown)."""
+        var = self.function.inputs.get(name)
+        return None if var is None else _static_shape(var)
+
     def zero_state(self) -> dict[str, np.ndarray]:
         """Each state input at zero, as `MLModel.newState` allocates it."""
         state = {}

@@ -11,6 +11,7 @@ starts at zero, as `MLModel.newState` allocates it, and carries from call to cal
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,8 +59,16 @@ class CoreMLDelegate:
                     "value (stock ExecuTorch returns an input itself for ops such as clone)",
                 )
 
+    def _bound(self, name: str, value: np.ndarray) -> np.ndarray:
+        """The delegate copies an input's elements into the array the model declares: a 0-d
+        tensor into the rank-1 input coremltools makes of it (Core ML has no 0-d inputs)."""
+        shape = self.interpreter.input_shape(name)
+        if shape is not None and value.shape != shape and value.size == math.prod(shape):
+            return value.reshape(shape)
+        return value
+
     def execute(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        given = {name: _as_numpy(value) for name, value in zip(self.input_names, inputs)}
+        given = {name: self._bound(name, _as_numpy(value)) for name, value in zip(self.input_names, inputs)}
         outputs = self.interpreter.run(given)
         return [torch.from_numpy(np.ascontiguousarray(outputs[name])) for name in self.output_names]
 

@@ -107,15 +107,16 @@ def test_int_fill_keeps_integers_float32_cannot_hold():
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # coremltools, on the fp16 fill
-def test_int_fill_in_float16_needs_an_exact_check():
+def test_int_fill_in_float16_fails_the_exact_integer_check():
     """float16 compute precision (the default): the float fill holds integers up to 2**11
     only, 2049 + ids comes out 2 off. The check's float16 tolerance (1e-2 of the largest
-    output, 20.6 here) lets that through; integers are checked exactly (tolerance 0)."""
+    float output) is for float outputs; integer outputs must match exactly."""
     model, inputs = IntFill(2049), (torch.arange(16).reshape(1, 16),)
     on, off = _on_and_off("fill_dtypes", model, inputs)
-    bad = compare_with_eager(off, model, inputs, tolerance=0.0)
-    assert bad.max_abs_error == 2 and not bad.passed
-    good = compare_with_eager(on, model, inputs, tolerance=0.0)
+    bad = compare_with_eager(off, model, inputs)
+    assert bad.integer_error == 2 and not bad.passed
+    assert "integer outputs differ by up to 2 (they must match exactly)" in bad.describe()
+    good = compare_with_eager(on, model, inputs)
     assert good.passed and not good.max_abs_error
 
 

@@ -147,3 +147,14 @@ def test_zero_dim_output_keeps_the_programs_shape():
     x = torch.randn(2)
     (got,) = compiler.run(compile_coreml(ZeroDimOutput(), (x,), compile_specs=FP32), (x,))
     assert got.shape == () and torch.allclose(got, x[1] * 2)
+
+
+class ScaledByZeroDim(nn.Module):
+    def forward(self, x, scale):
+        return x * scale  # `scale` is 0-d: coremltools declares the input rank 1
+
+
+def test_zero_dim_input_is_bound_to_the_rank_one_input_core_ml_declares():
+    model, inputs = ScaledByZeroDim(), (torch.randn(3, 4), torch.tensor(1.5))
+    check = compare_with_eager(compile_coreml(model, inputs, compute_precision="float32"), model, inputs)
+    assert check.passed and check.max_abs_error < 1e-6
