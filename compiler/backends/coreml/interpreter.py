@@ -176,7 +176,17 @@ class MilInterpreter:
                     hint="add a kernel written from coremltools' mil/ops/defs to "
                     "compiler/backends/coreml/mil_kernels.py, or keep the op on the CPU",
                 )
-            results = kernel(**args)
+            try:
+                results = kernel(**args)
+            except (ValueError, IndexError, TypeError) as exc:
+                shapes = {k: np.shape(v) for k, v in args.items() if not isinstance(v, list)}
+                raise MilInterpreterError(
+                    f"MIL op {op.name!r} ({op.op_type}) cannot run on its operands {shapes}: "
+                    f"{str(exc).strip().splitlines()[0]}",
+                    stage=STAGE, nodes=[op.name],
+                    hint="the MIL program is malformed here (a device would refuse or misread it); "
+                    "keep the torch op that made it on the CPU",
+                ) from exc
             if not isinstance(results, tuple):
                 results = (results,)
         if len(results) != len(op.outputs):
