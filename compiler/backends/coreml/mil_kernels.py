@@ -76,6 +76,23 @@ for _name, _fn in _BINARY.items():
     KERNELS[_name] = lambda x, y, _fn=_fn: _fn(np.asarray(x), np.asarray(y))
 
 
+@kernel("real_div")
+def _real_div(x, y):
+    """Of int32 operands an int32 result (the spec's T), the quotient cast as coremltools'
+    value inference casts it: truncated toward zero."""
+    x, y = np.asarray(x), np.asarray(y)
+    quotient = np.true_divide(x, y)
+    if x.dtype.kind in "iu" and y.dtype.kind in "iu":
+        return np.trunc(quotient).astype(np.result_type(x, y))
+    return quotient
+
+
+@kernel("non_zero")
+def _non_zero(x):
+    """The indices of the non-zero elements, one row each: [N, rank] int32 (iOS15 tensor_operation)."""
+    return np.argwhere(np.asarray(x)).astype(np.int32)
+
+
 # --- elementwise unary (iOS15/elementwise_unary.py, iOS17/elementwise_unary.py) ------
 
 _UNARY = {

@@ -253,7 +253,6 @@ def test_index_put_accumulate_refusal_off_finds_no_wrong_number(index_put_forms)
     assert check.passed and check.max_abs_error < 1e-5
 
 
-@pytest.mark.xfail(raises=UnsupportedMilOp, strict=True, reason="the MIL interpreter has no non_zero kernel")
 def test_index_put_bool_mask_below_ios18_refusal_off(index_put_forms):
     """A bool mask converts to non_zero + scatter_nd. Run with a non_zero kernel (and a
     slice_by_index that ignores `end` where it squeezes), it matches torch: like accumulate,

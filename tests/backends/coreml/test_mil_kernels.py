@@ -306,3 +306,21 @@ def test_upsample_bilinear_follows_the_spec_grid(scale, align_corners):
     line = np.array([[[0.0, 1.0]]], np.float32)
     grid = _run("upsample_bilinear", x=line, scale_factor_height=1, scale_factor_width=2.5, align_corners=False)
     np.testing.assert_allclose(grid[0, 0], [0, 0.1, 0.5, 0.9, 1], atol=1e-6)
+
+
+# --- real_div of integers, non_zero ---------------------------------------------------
+
+
+def test_real_div_of_int32_is_int32_truncated_as_the_definition_casts():
+    x, y = np.array([7, -7, 9], dtype=np.int32), np.array([2, 2, 3], dtype=np.int32)
+    got = _run("real_div", x=x, y=y)
+    assert got.dtype == np.int32
+    _same(got, _spec("real_div", x=x, y=y).astype(np.int32))
+    _same(got, np.array([3, -3, 3], dtype=np.int32))
+
+
+def test_non_zero_gives_one_index_row_per_nonzero_element():
+    x = np.array([[0, 1.5, 0], [2, 0, -1]], dtype=np.float32)
+    got = _run("non_zero", x=x)
+    assert got.dtype == np.int32
+    _same(got, _spec("non_zero", x=x).astype(np.int32))
