@@ -187,10 +187,18 @@ class _Method:
         spec = self.plan.values[index].val
         if isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor):
             if current.shape != value.shape:
-                if spec.shape_dynamism == schema.TensorShapeDynamism.STATIC and value.numel() == current.numel():
+                static = spec.shape_dynamism == schema.TensorShapeDynamism.STATIC
+                if static and value.numel() == current.numel():
                     # The delegate copies its elements into the program's tensor, as Core ML's
                     # does a rank-1 output into a 0-d tensor (Core ML has no 0-d outputs).
                     value = value.reshape(current.shape)
+                elif static:
+                    raise ReferenceExecutionError(
+                        f"a delegate returned shape {tuple(value.shape)} for program value {index}, "
+                        f"whose shape is fixed at {tuple(current.shape)}: the payload computes another "
+                        "shape than the program expects (a conversion fault; a device cannot fit it either)",
+                        hint="keep the op that makes this output on the CPU, and report the model",
+                    )
                 else:
                     current.resize_(value.shape)  # dynamic: within the planned upper bound
             current.copy_(value)  # in the program's dtype (a Core ML float16 output becomes float32)

@@ -158,3 +158,15 @@ def test_zero_dim_input_is_bound_to_the_rank_one_input_core_ml_declares():
     model, inputs = ScaledByZeroDim(), (torch.randn(3, 4), torch.tensor(1.5))
     check = compare_with_eager(compile_coreml(model, inputs, compute_precision="float32"), model, inputs)
     assert check.passed and check.max_abs_error < 1e-6
+
+
+def test_delegate_output_of_another_size_is_a_named_error(monkeypatch):
+    from compiler.backends.coreml.reference import CoreMLDelegate
+    from compiler.reference import ReferenceExecutionError
+
+    x = torch.randn(2, 4)
+    artifact = compile_coreml(nn.Linear(4, 3), (x,), compute_precision="float32")
+    # As a conversion fault would (a ceil-mode pool whose last window starts past the input).
+    monkeypatch.setattr(CoreMLDelegate, "execute", lambda self, inputs: [torch.zeros(2, 5)])
+    with pytest.raises(ReferenceExecutionError, match=r"returned shape \(2, 5\).*fixed at \(2, 3\)"):
+        compiler.run(artifact, (x,))
