@@ -1,6 +1,7 @@
 """The transformers model suite on every backend: the README's table, generated.
 
     python -m benchmarks.model_suite [--readme README.md] [--json benchmarks/results/model_suite.json]
+    python -m benchmarks.model_suite --backends coreml --json benchmarks/results/model_suite.json --readme README.md
 
 For each model of `compiler.model_suite` (tiny, random weights, from configs) and each
 backend it compiles, runs the program (portable and XNNPACK with ExecuTorch's runtime, MLX
@@ -98,14 +99,20 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.ERROR)
 
+    # Cells measured before (the --json file) stay unless measured again, so one backend's
+    # column can be re-measured alone and the whole table still written.
     results = {}
+    if args.json and os.path.exists(args.json):
+        with open(args.json) as f:
+            results = json.load(f)["results"]
     for name in args.models:
-        results[name] = {}
+        results.setdefault(name, {})
         for backend in args.backends:
             results[name][backend] = measure(name, backend)
             print(f"{name} {backend}: {_cell(results[name][backend])}", flush=True)
     print()
-    text = table(results) if args.backends == list(BACKENDS) else json.dumps(results, indent=2)
+    complete = all(set(BACKENDS) <= set(results.get(name, {})) for name in model_suite.SUITE)
+    text = table(results) if complete else json.dumps(results, indent=2)
     print(text)
     if args.readme:
         readme.write_file(args.readme, "model-suite-table", text)
