@@ -20,6 +20,9 @@ replaces the whole registry at once, so no thread sees it half patched.
   input(s), expected minimum 3");
 - `where` of three 0-d tensors converts to Core ML's select as it is (stock: "Concat
   concat_0 got 0 values" from the broadcast coremltools builds first);
+- `reciprocal` (which `1 / x` becomes), `rsqrt` and `log` (`log2`, `log10`) convert
+  without the epsilon Core ML's inverse, rsqrt and log add by default (stock: `1 / x`
+  is 1/(x + 1e-4), 909 for 1000 at x = 1e-3; log(0) is -103);
 - an op that coremltools converts to its own input (clone, alias, a same-dtype
   copy...) gets a real identity, so an output never repeats an input or another
   output in the payload (stock returns the input tensor itself as an output).
@@ -200,6 +203,48 @@ def _where_of_scalars(original: Converter) -> Converter:
     return convert
 
 
+# --- unary ops without Core ML's default epsilon ----------------------------------
+
+
+def _zero_like(x) -> np.generic:
+    return types.nptype_from_builtin(x.dtype)(0)
+
+
+def _without_default_epsilon(original: Converter) -> Converter:
+    """coremltools converts `reciprocal` to MIL's `inverse`, `rsqrt` to `rsqrt` and `log`,
+    `log2`, `log10` to `log` (times a constant) without an epsilon, so each gets the spec's
+    default and computes 1/(x + 1e-4), 1/sqrt(x + 1e-12), log(x + 1e-45): `1 / x` (which
+    becomes reciprocal) at x = 1e-3 is 909, not 1000; rsqrt(1e-6) is 5e-4 off; log(0) is
+    -103, not -inf. reciprocal becomes real_div(1, x), exact; rsqrt and log keep their op
+    with epsilon 0, so the layer-norm fusions that match an rsqrt still apply."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        original(context, node)
+        if not fixes.on("unary_epsilon"):
+            return
+        result = _context_var(context, node.name)
+        op = result.op if result is not None else None
+        scale = None
+        if op is not None and op.op_type == "mul" and op.x.op is not None and op.x.op.op_type == "log":
+            scale, op = op.y, op.x.op  # log2, log10: log(x) * 1/log(base)
+        if op is None or op.op_type not in ("inverse", "rsqrt", "log") or not types.is_float(op.x.dtype):
+            return
+        x = op.x
+        result.name = f"{node.name}_with_epsilon"
+        if op.op_type == "inverse":
+            fixed = mb.real_div(x=types.nptype_from_builtin(x.dtype)(1), y=x, name=node.name)
+        elif op.op_type == "rsqrt":
+            fixed = mb.rsqrt(x=x, epsilon=_zero_like(x), name=node.name)
+        elif scale is None:
+            fixed = mb.log(x=x, epsilon=_zero_like(x), name=node.name)
+        else:
+            fixed = mb.mul(x=mb.log(x=x, epsilon=_zero_like(x)), y=scale, name=node.name)
+        context.add(fixed, torch_name=node.name, override=True)
+
+    return convert
+
+
 # --- outputs that alias inputs ------------------------------------------------------
 
 
@@ -230,6 +275,8 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
             fixes[name] = lambda f: _never_alias(_max_pool_default_stride(f))
     for name in ("where", "where.self"):
         fixes[name] = lambda f: _never_alias(_where_of_scalars(f))
+    for name in ("reciprocal", "rsqrt", "log", "log2", "log10"):
+        fixes[name] = _without_default_epsilon
     return fixes
 
 

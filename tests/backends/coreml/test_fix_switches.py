@@ -20,7 +20,7 @@ from compiler.backends.coreml.fixes import fixes_off
 from compiler.backends.coreml.interpreter import MilInterpreterError, UnsupportedMilOp, load_programs
 from compiler.backends.coreml.reference import AliasedPayloadOutput
 from compiler.runtime import FLOAT32_ABSOLUTE, compare_with_eager
-from coreml_helpers import compile_coreml, cpu_ops, models
+from coreml_helpers import compile_coreml, cpu_ops, models, stock_pte
 
 FP32 = {"compute_precision": "float32"}
 
@@ -274,3 +274,74 @@ def test_index_put_zero_d_index_next_to_slice_refusal_off_is_malformed(index_put
     model, inputs = SILENT_FORMS["0-d-next-to-slice-values-vary"]
     with pytest.raises(MilInterpreterError, match=r"\(scatter\) cannot run on its operands.*\(12,\).*\(6,\)"):
         compare_with_eager(off, model, inputs)
+
+
+# --- unary ops without Core ML's default epsilon ---------------------------------------
+
+
+class Unary(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+_SMALL = torch.tensor([[1e-3, 0.5, 2.0, -0.01]])
+
+
+def test_one_over_x_is_exact_not_inverse_with_epsilon():
+    """`1 / x` becomes reciprocal, which stock converts to MIL's inverse with its default
+    epsilon 1e-4: 1/(1e-3 + 1e-4) = 909.1, not 1000."""
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+    import coremltools as ct
+
+    model, inputs = Unary(lambda x: 1 / x), (_SMALL,)
+    fp32_spec = [CoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]
+    stock = compare_with_eager(stock_pte(model, inputs, compile_specs=fp32_spec), model, inputs)
+    assert 90.8 < stock.max_abs_error < 91.0 and not stock.passed
+    on, off = _on_and_off("unary_epsilon", model, inputs, **FP32)
+    assert [op.type for m in models(off) for op in m.ops if op.type in ("inverse", "real_div")] == ["inverse"]
+    assert [op.type for m in models(on) for op in m.ops if op.type in ("inverse", "real_div")] == ["real_div"]
+    bad = compare_with_eager(off, model, inputs)
+    assert 90.8 < bad.max_abs_error < 91.0 and not bad.passed
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error == 0
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the kernel, on log(0)
+@pytest.mark.parametrize(
+    "fn, x, off_error",
+    [
+        (torch.reciprocal, _SMALL, (90.8, 91.0)),
+        # 1/sqrt(1e-6 + 1e-12) = 999.9995: 1000 is below float32's step there, 5e-4 is not
+        (torch.rsqrt, torch.tensor([[1e-6, 1e-3, 0.5, 2.0]]), (4e-4, 5e-4)),
+        # log(0 + 1e-45) = -103.3, not -inf
+        (torch.log, torch.tensor([[0.0, 1e-3, 0.5, 2.0]]), (float("inf"), float("inf"))),
+        (torch.log2, torch.tensor([[0.0, 1e-3, 0.5, 2.0]]), (float("inf"), float("inf"))),
+    ],
+    ids=["reciprocal", "rsqrt", "log", "log2"],
+)
+def test_unary_ops_without_the_default_epsilon(fn, x, off_error):
+    model, inputs = Unary(fn), (x,)
+    on, off = _on_and_off("unary_epsilon", model, inputs, **FP32)
+    bad = compare_with_eager(off, model, inputs)
+    assert off_error[0] <= bad.max_abs_error <= off_error[1] and not bad.passed
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error == 0
+
+
+def test_rsqrt_with_epsilon_zero_leaves_the_program_as_it_was():
+    """Our rsqrt keeps its op (epsilon 0), so the MIL passes that match an rsqrt (the
+    layer-norm fusions) see the same program as with stock's."""
+
+    class HandWrittenRmsNorm(nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    model, inputs = HandWrittenRmsNorm(), (torch.randn(2, 8),)
+    on, off = _on_and_off("unary_epsilon", model, inputs, **FP32)
+    (on_ops,), (off_ops,) = ([[op.type for op in m.ops if op.type != "const"] for m in models(a)] for a in (on, off))
+    assert on_ops == off_ops == ["pow", "reduce_mean", "add", "rsqrt", "mul"]
+    assert compare_with_eager(on, model, inputs).passed
