@@ -23,6 +23,8 @@ replaces the whole registry at once, so no thread sees it half patched.
 - `reciprocal` (which `1 / x` becomes), `rsqrt` and `log` (`log2`, `log10`) convert
   without the epsilon Core ML's inverse, rsqrt and log add by default (stock: `1 / x`
   is 1/(x + 1e-4), 909 for 1000 at x = 1e-3; log(0) is -103);
+- `softplus` honours its threshold, x where beta * x > threshold (stock drops it:
+  softplus(2.6, beta=2, threshold=5) is 2.6028, not 2.6);
 - an op that coremltools converts to its own input (clone, alias, a same-dtype
   copy...) gets a real identity, so an output never repeats an input or another
   output in the payload (stock returns the input tensor itself as an output).
@@ -245,6 +247,42 @@ def _without_default_epsilon(original: Converter) -> Converter:
     return convert
 
 
+# --- softplus's threshold -----------------------------------------------------------
+
+
+def _literal(context, value):
+    """A node input's value known at conversion time (a literal or a constant), else None."""
+    if isinstance(value, str):
+        var = _context_var(context, value)
+        return None if var is None or var.val is None else var.val
+    return value
+
+
+def _softplus_threshold(original: Converter) -> Converter:
+    """torch's softplus is x where beta * x > threshold, log1p(exp(beta * x)) / beta elsewhere;
+    coremltools drops the threshold (softplus(x, beta=2, threshold=5) at 2.6 is 2.6028, not
+    2.6). Where that changes nothing float32 can see (torch's default threshold 20 at beta 1)
+    the program stays as stock converts it."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        original(context, node)
+        if not fixes.on("softplus_threshold"):
+            return
+        beta = float(_literal(context, node.inputs[1])) if len(node.inputs) > 1 else 1.0
+        threshold = float(_literal(context, node.inputs[2])) if len(node.inputs) > 2 else 20.0
+        # Past the threshold torch gives x; stock log1p(exp(-threshold)) / beta more at most.
+        gap = np.log1p(np.exp(-threshold)) / abs(beta)
+        if gap <= np.spacing(np.float32(abs(threshold / beta))) / 2:
+            return
+        x, result = context[node.inputs[0]], _context_var(context, node.name)
+        result.name = f"{node.name}_without_threshold"
+        past = mb.greater(x=mb.mul(x=x, y=types.nptype_from_builtin(x.dtype)(beta)), y=types.nptype_from_builtin(x.dtype)(threshold))
+        context.add(mb.select(cond=past, a=x, b=result, name=node.name), torch_name=node.name, override=True)
+
+    return convert
+
+
 # --- outputs that alias inputs ------------------------------------------------------
 
 
@@ -275,6 +313,7 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
             fixes[name] = lambda f: _never_alias(_max_pool_default_stride(f))
     for name in ("where", "where.self"):
         fixes[name] = lambda f: _never_alias(_where_of_scalars(f))
+    fixes["softplus"] = lambda f: _never_alias(_softplus_threshold(f))
     for name in ("reciprocal", "rsqrt", "log", "log2", "log10"):
         fixes[name] = _without_default_epsilon
     return fixes

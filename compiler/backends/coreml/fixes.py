@@ -38,6 +38,7 @@ FIXES: dict[str, str] = {
         "reciprocal, rsqrt and log convert without the epsilon Core ML adds by default "
         "(stock: 1 / x is 1/(x + 1e-4), 909 for 1000 at x = 1e-3)"
     ),
+    "softplus_threshold": "softplus gives x where beta * x > threshold, as torch (stock drops the threshold)",
     "never_alias": "an op coremltools converts to its own input gets a real identity, so no output is an input",
 }
 

@@ -345,3 +345,39 @@ def test_rsqrt_with_epsilon_zero_leaves_the_program_as_it_was():
     (on_ops,), (off_ops,) = ([[op.type for op in m.ops if op.type != "const"] for m in models(a)] for a in (on, off))
     assert on_ops == off_ops == ["pow", "reduce_mean", "add", "rsqrt", "mul"]
     assert compare_with_eager(on, model, inputs).passed
+
+
+# --- softplus's threshold ---------------------------------------------------------------
+
+
+class Softplus(nn.Module):
+    def forward(self, x):
+        return F.softplus(x, beta=2.0, threshold=5.0)
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 4), (1, 4, 1, 1)], ids=["rank2_softplus_over_beta", "rank4_softplus_parametric"]
+)
+def test_softplus_threshold(shape):
+    # 2.6 and 3.0 are past the threshold (beta * x > 5): torch gives x; without the
+    # threshold log1p(exp(-5.2)) / 2 = 2.75e-3 more at 2.6.
+    model, inputs = Softplus(), (torch.tensor([[2.4, 2.6, 3.0, -1.0]]).reshape(shape),)
+    on, off = _on_and_off("softplus_threshold", model, inputs, **FP32)
+    bad = compare_with_eager(off, model, inputs)
+    assert 2.7e-3 < bad.max_abs_error < 2.8e-3 and not bad.passed
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error < 1e-6
+
+
+def test_softplus_default_threshold_converts_as_stock():
+    """torch's default threshold (20, beta 1) changes nothing float32 can see: no select."""
+
+    class DefaultSoftplus(nn.Module):
+        def forward(self, x):
+            return F.softplus(x)
+
+    model, inputs = DefaultSoftplus(), (torch.tensor([[-30.0, 0.0, 19.0, 21.0, 40.0]]),)
+    on, off = _on_and_off("softplus_threshold", model, inputs, **FP32)
+    assert [[op.type for op in m.ops] for m in models(on)] == [[op.type for op in m.ops] for m in models(off)]
+    assert "select" not in [op.type for m in models(on) for op in m.ops]
+    assert compare_with_eager(on, model, inputs).passed
