@@ -265,6 +265,50 @@ def pool_indices_used(node, ctx) -> Optional[str]:
     return None
 
 
+_CEIL_MODE_POOLS = {  # pool -> position of ceil_mode among its arguments
+    **{getattr(torch.ops.aten, f"max_pool{n}d{s}"): 5 for n in (1, 2, 3) for s in ("", "_with_indices")},
+    **{getattr(torch.ops.aten, f"avg_pool{n}d"): 4 for n in (1, 2, 3)},
+}
+
+
+def _ints(value, n: int) -> list[int]:
+    value = [value] if isinstance(value, int) else list(value)
+    return value * n if len(value) == 1 else value
+
+
+def _pool_drops_unpadded_last_window(node: torch.fx.Node) -> bool:
+    """Whether torch drops a ceil-mode pool's last window (it would start past the input)
+    on an axis without padding; Core ML drops it only on a padded axis."""
+    op = aten_op(node.target).overloadpacket
+    x, out = (node.args[0].meta.get("val") if node.args else None), node.meta.get("val")
+    if isinstance(out, (list, tuple)):
+        out = out[0]
+    index = _CEIL_MODE_POOLS[op]
+    ceil_mode = node.args[index] if len(node.args) > index else node.kwargs.get("ceil_mode", False)
+    if not ceil_mode or not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    n = int(op.__name__.split("_pool")[1][0])  # spatial dims
+    kernel = _ints(node.args[1], n)
+    stride = _ints(node.args[2] if len(node.args) > 2 and node.args[2] else kernel, n)
+    padding = _ints(node.args[3] if len(node.args) > 3 else 0, n)
+    dilation = _ints(node.args[4] if len(node.args) > 4 and "max" in op.__name__ else 1, n)
+    for size, got, k, st, p, d in zip(x.shape[-n:], out.shape[-n:], kernel, stride, padding, dilation):
+        every_window = -(-(size + 2 * p - d * (k - 1) - 1) // st) + 1  # ceil, none dropped
+        if p == 0 and got != every_window:
+            return True
+    return False
+
+
+@node_rule()
+def ceil_mode_pool_past_the_input(node, ctx) -> Optional[str]:
+    if _is(node, *_CEIL_MODE_POOLS) and _pool_drops_unpadded_last_window(node):
+        return (
+            f"{op_name(node.target)} with ceil_mode whose last window would start past the input on an "
+            "unpadded axis: torch drops that window, Core ML keeps it (a larger output than torch's)"
+        )
+    return None
+
+
 # How stock 1.5.1 fails on each index_put form; a form without a text builds on stock, but
 # coremltools converts it wrongly.
 _STOCK_BOOL_NEXT_TO_SLICE = "the named input `y` must have the same data type as the named input `x`"

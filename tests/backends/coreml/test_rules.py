@@ -3,7 +3,9 @@
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
+from compiler.runtime import compare_with_eager
 from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error
 
 
@@ -333,3 +335,52 @@ def test_pad_of_bool_runs_on_the_cpu():
     assert "bitwise_not" in stock_error(model, inputs)
     artifact = compile_coreml(model, inputs)
     assert any("pad" in op and "of bool data" in cpu_reasons(artifact)[node] for node, op in cpu_ops(artifact).items())
+
+
+class Pooled(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x):
+        return self.pool(x) * 2
+
+
+@pytest.mark.parametrize(
+    "pool, shape, on_cpu",
+    [
+        (lambda x: F.max_pool2d(x, 2, 3, ceil_mode=True), (1, 2, 6, 6), True),
+        (lambda x: F.avg_pool2d(x, 2, 3, ceil_mode=True), (1, 2, 6, 6), True),
+        (lambda x: F.max_pool1d(x, 2, 3, ceil_mode=True), (1, 2, 6), True),
+        # the last window starts inside the input: Core ML keeps it too
+        (lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True), (1, 2, 5, 5), False),
+        # padded: Core ML drops a window past the input too
+        (lambda x: F.max_pool2d(x, 3, 2, padding=1, ceil_mode=True), (1, 2, 6, 6), False),
+    ],
+    ids=["max_pool2d", "avg_pool2d", "max_pool1d", "last-window-inside", "padded"],
+)
+def test_a_ceil_mode_pool_whose_last_window_starts_past_the_input_runs_on_the_cpu(pool, shape, on_cpu):
+    """torch (1, 2, 2, 2), Core ML's program (1, 2, 3, 3) for max_pool2d(2, 3, ceil_mode) of 6x6."""
+    model, inputs = Pooled(pool), (torch.randn(*shape),)
+    artifact = compile_coreml(model, inputs, compute_precision="float32")
+    reasons = [r for r in cpu_reasons(artifact).values() if "ceil_mode" in r]
+    assert len(reasons) == (1 if on_cpu else 0)
+    assert "aten.mul.Tensor" in delegated_ops(artifact)
+    assert compare_with_eager(artifact, model, inputs).passed
+
+
+def test_a_ceil_mode_pool_past_the_input_is_the_wrong_shape_on_core_ml():
+    from compiler.backends.coreml.rules import NODE_RULES
+    from compiler.reference import ReferenceExecutionError
+
+    model, inputs = Pooled(lambda x: F.max_pool2d(x, 2, 3, ceil_mode=True)), (torch.randn(1, 2, 6, 6),)
+    (rule,) = [r for r in NODE_RULES if r.name == "ceil_mode_pool_past_the_input"]
+    index = NODE_RULES.index(rule)
+    NODE_RULES.remove(rule)
+    try:
+        artifact = compile_coreml(model, inputs, compute_precision="float32")
+    finally:
+        NODE_RULES.insert(index, rule)
+    assert not cpu_ops(artifact)
+    with pytest.raises(ReferenceExecutionError, match=r"shape \(1, 2, 3, 3\).*\(1, 2, 2, 2\)"):
+        compare_with_eager(artifact, model, inputs)
