@@ -309,6 +309,17 @@ def ceil_mode_pool_past_the_input(node, ctx) -> Optional[str]:
     return None
 
 
+@node_rule()
+def pixel_unshuffle_before_ios16(node, ctx) -> Optional[str]:
+    # Refused, it is not kept whole either: its decomposition (views, a permute) is delegated.
+    if _is(node, torch.ops.aten.pixel_unshuffle) and not ctx.ios16:
+        return (
+            f"{op_name(node.target)} below iOS 16: Core ML's pixel_unshuffle is an iOS 16 op (stock: "
+            "'No available version for pixel_unshuffle in the coremltools.target.iOS15 opset'; set minimum_deployment_target=iOS16)"
+        )
+    return None
+
+
 # How stock 1.5.1 fails on each index_put form; a form without a text builds on stock, but
 # coremltools converts it wrongly.
 _STOCK_BOOL_NEXT_TO_SLICE = "the named input `y` must have the same data type as the named input `x`"

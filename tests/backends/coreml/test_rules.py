@@ -1,4 +1,6 @@
-"""Node rules: bool min/max, index_put forms, rank above 5."""
+"""Node rules: bool min/max, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16."""
+
+import contextlib
 
 import pytest
 import torch
@@ -337,6 +339,19 @@ def test_pad_of_bool_runs_on_the_cpu():
     assert any("pad" in op and "of bool data" in cpu_reasons(artifact)[node] for node, op in cpu_ops(artifact).items())
 
 
+@contextlib.contextmanager
+def _without_rule(name):
+    from compiler.backends.coreml.rules import NODE_RULES
+
+    (rule,) = [r for r in NODE_RULES if r.name == name]
+    index = NODE_RULES.index(rule)
+    NODE_RULES.remove(rule)
+    try:
+        yield
+    finally:
+        NODE_RULES.insert(index, rule)
+
+
 class Pooled(nn.Module):
     def __init__(self, pool):
         super().__init__()
@@ -370,17 +385,57 @@ def test_a_ceil_mode_pool_whose_last_window_starts_past_the_input_runs_on_the_cp
 
 
 def test_a_ceil_mode_pool_past_the_input_is_the_wrong_shape_on_core_ml():
-    from compiler.backends.coreml.rules import NODE_RULES
     from compiler.reference import ReferenceExecutionError
 
     model, inputs = Pooled(lambda x: F.max_pool2d(x, 2, 3, ceil_mode=True)), (torch.randn(1, 2, 6, 6),)
-    (rule,) = [r for r in NODE_RULES if r.name == "ceil_mode_pool_past_the_input"]
-    index = NODE_RULES.index(rule)
-    NODE_RULES.remove(rule)
-    try:
+    with _without_rule("ceil_mode_pool_past_the_input"):
         artifact = compile_coreml(model, inputs, compute_precision="float32")
-    finally:
-        NODE_RULES.insert(index, rule)
     assert not cpu_ops(artifact)
     with pytest.raises(ReferenceExecutionError, match=r"shape \(1, 2, 3, 3\).*\(1, 2, 2, 2\)"):
         compare_with_eager(artifact, model, inputs)
+
+
+class PixelUnshuffle(nn.Module):
+    def forward(self, x):
+        return F.pixel_unshuffle(x, 2) * 2
+
+
+def test_the_rule_refuses_pixel_unshuffle_below_ios16_only():
+    import coremltools as ct
+
+    from compiler.backends.coreml.rules import RuleContext, refusal
+
+    program = torch.export.export(PixelUnshuffle(), (torch.randn(1, 2, 4, 4),))
+    (node,) = [n for n in program.graph.nodes if n.target == torch.ops.aten.pixel_unshuffle.default]
+    assert "below iOS 16" in refusal(node, RuleContext())
+    assert "below iOS 16" in refusal(node, RuleContext(minimum_deployment_target=ct.target.iOS15))
+    assert refusal(node, RuleContext(minimum_deployment_target=ct.target.iOS16)) is None
+
+
+@pytest.mark.parametrize("target", [None, "iOS15", "iOS16"])
+def test_pixel_unshuffle_below_ios16_is_not_kept_whole(target):
+    """Refused, pixel_unshuffle is not kept whole: its decomposition (views and a permute)
+    runs on Core ML at any target. Kept whole below iOS 16, lowering stopped on it."""
+    model, inputs = PixelUnshuffle(), (torch.randn(1, 2, 4, 4),)
+    options = {"minimum_deployment_target": target} if target else {}
+    artifact = compile_coreml(model, inputs, compute_precision="float32", **options)
+    assert not cpu_ops(artifact)
+    delegated = delegated_ops(artifact)
+    if target == "iOS16":
+        assert "aten.pixel_unshuffle.default" in delegated
+    else:
+        assert "aten.pixel_unshuffle.default" not in delegated and "aten.permute_copy.default" in delegated
+    assert compare_with_eager(artifact, model, inputs).passed
+
+
+def test_without_the_rule_pixel_unshuffle_below_ios16_stops_lowering():
+    from compiler.ir.errors import StageFailure
+
+    model, inputs = PixelUnshuffle(), (torch.randn(1, 2, 4, 4),)
+    with _without_rule("pixel_unshuffle_before_ios16"), pytest.raises(StageFailure, match="No available version for pixel_unshuffle"):
+        compile_coreml(model, inputs)
+
+
+def test_stock_fails_on_pixel_unshuffle_below_ios16():
+    model, inputs = PixelUnshuffle(), (torch.randn(1, 2, 4, 4),)
+    assert "No available version for pixel_unshuffle in the coremltools.target.iOS15 opset" in stock_error(model, inputs)
