@@ -183,13 +183,6 @@ def test_emit_leaves_the_lowered_artifact_as_lower_returned_it(small_model):
     assert "alloc" not in artifact.stages["lower"].graph_text()
 
 
-def test_running_a_core_ml_program_here_is_a_named_error(small_model):
-    model, inputs = small_model
-    artifact = compiler.compile(model, inputs, "coreml")
-    with pytest.raises(compiler.UnsupportedByRuntime, match="CoreMLBackend"):
-        compiler.run(artifact, inputs)
-
-
 def test_a_program_passed_through_unchanged_is_not_verified_again(small_model, monkeypatch):
     from compiler.ir import invariants as inv
 
