@@ -25,6 +25,8 @@ replaces the whole registry at once, so no thread sees it half patched.
   is 1/(x + 1e-4), 909 for 1000 at x = 1e-3; log(0) is -103);
 - `softplus` honours its threshold, x where beta * x > threshold (stock drops it:
   softplus(2.6, beta=2, threshold=5) is 2.6028, not 2.6);
+- `log_softmax` converts as torch computes it, x - max - log(sum(exp(x - max))) (stock:
+  log(softmax(x)), -inf in float16 and -103.3 in float32 where softmax underflows);
 - an op that coremltools converts to its own input (clone, alias, a same-dtype
   copy...) gets a real identity, so an output never repeats an input or another
   output in the payload (stock returns the input tensor itself as an output).
@@ -283,6 +285,31 @@ def _softplus_threshold(original: Converter) -> Converter:
     return convert
 
 
+# --- log_softmax ---------------------------------------------------------------------
+
+
+def _stable_log_softmax(original: Converter) -> Converter:
+    """coremltools converts log_softmax as log(softmax(x)): where softmax underflows, which
+    takes a spread of ~17 in float16 and ~100 in float32, that is log(0) = -inf in float16
+    and log's default epsilon, log(1e-45) = -103.3, in float32, where torch gives x - max -
+    log(sum(exp(x - max))): log_softmax([0, -200]) is [0, -inf] (float16) or [0, -103.3]
+    (float32), not [0, -200]. We convert torch's formula."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        if not fixes.on("log_softmax") or len(node.inputs) < 2:
+            return original(context, node)
+        x, axis = context[node.inputs[0]], _literal(context, node.inputs[1])
+        if axis is None or not types.is_float(x.dtype):
+            return original(context, node)
+        axes = [int(axis)]
+        shifted = mb.sub(x=x, y=mb.reduce_max(x=x, axes=axes, keep_dims=True))
+        log_sum = mb.log(x=mb.reduce_sum(x=mb.exp(x=shifted), axes=axes, keep_dims=True), epsilon=_zero_like(x))
+        context.add(mb.sub(x=shifted, y=log_sum, name=node.name), torch_name=node.name)
+
+    return convert
+
+
 # --- outputs that alias inputs ------------------------------------------------------
 
 
@@ -314,6 +341,9 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
     for name in ("where", "where.self"):
         fixes[name] = lambda f: _never_alias(_where_of_scalars(f))
     fixes["softplus"] = lambda f: _never_alias(_softplus_threshold(f))
+    for name in ("log_softmax", "_log_softmax"):
+        if name in registry:
+            fixes[name] = _stable_log_softmax
     for name in ("reciprocal", "rsqrt", "log", "log2", "log10"):
         fixes[name] = _without_default_epsilon
     return fixes

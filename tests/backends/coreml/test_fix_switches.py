@@ -381,3 +381,28 @@ def test_softplus_default_threshold_converts_as_stock():
     assert [[op.type for op in m.ops] for m in models(on)] == [[op.type for op in m.ops] for m in models(off)]
     assert "select" not in [op.type for m in models(on) for op in m.ops]
     assert compare_with_eager(on, model, inputs).passed
+
+
+# --- log_softmax ------------------------------------------------------------------------
+
+
+class LogSoftmax(nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, -1)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the kernel, stock's log(0)
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_log_softmax_where_softmax_underflows(precision):
+    """Stock's log(softmax(x)): at -200 softmax is 0, so log(0 + 1e-45) = -103.3 in float32
+    (96.7 off) and -inf in float16; torch gives -200."""
+    model, inputs = LogSoftmax(), (torch.tensor([[0.0, -5.0, -20.0, -200.0]]),)
+    on, off = _on_and_off("log_softmax", model, inputs, compute_precision=precision)
+    bad = compare_with_eager(off, model, inputs)
+    assert not bad.passed
+    if precision == "float32":
+        assert 96.6 < bad.max_abs_error < 96.8
+    else:
+        assert bad.max_abs_error == float("inf")
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error < (1e-5 if precision == "float32" else 1e-2)
