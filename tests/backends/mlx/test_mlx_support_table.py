@@ -12,7 +12,7 @@ Each op is run a second time per non-tensor argument, with that argument off its
 `descending`) gives a wrong number only there. Cases are named op-argument=value.
 
 The default run takes each op in its first dtype; `-m slow` adds float16, bfloat16 and
-int32 wherever eager takes them. What does not depend on MLX (the inputs from the schema,
+int32 wherever eager takes them, and runs the argument variants. What does not depend on MLX (the inputs from the schema,
 the module, the other argument values) is in tests/backends/op_programs.py.
 """
 
@@ -356,8 +356,9 @@ def test_max_pool_whose_indices_are_unread_stays_on_mlx():
 # one (stock's sort ignored `descending`) passes them. Here each such argument of each
 # buildable op is set, one at a time, to a value other than the base case's, chosen by its
 # schema type and name: the first candidate eager takes whose output differs from the base
-# case's (else the first eager takes, and the table row says "same output"). The default
-# run takes one value per argument; `-m slow` adds the other dtypes.
+# case's (else the first eager takes, and the table row says "same output"). These run
+# with `-m slow` (CI's slow job), in every dtype: the default run's time budget keeps the
+# base cases only.
 
 # NO_OTHER_VALUE and COMPANIONS (backends/op_programs.py): arguments not varied, and those set in
 # pairs; VALUES and VARIANT_INPUTS (above, beside INPUT_OVERRIDES): the values and inputs of a few.
@@ -414,7 +415,7 @@ def _variants() -> tuple[list, list]:
                 skips.append(pytest.param(label, argument.name, note, id=f"{label}-{argument.name}"))
                 continue
             case_id = _variant_id(label, changes)
-            cases.append(pytest.param(label, dtype, changes, note, id=f"{case_id}-{str(dtype)[6:]}"))
+            cases.append(pytest.param(label, dtype, changes, note, id=f"{case_id}-{str(dtype)[6:]}", marks=pytest.mark.slow))
             for more in MORE_DTYPES:
                 if more != dtype:
                     slow = [pytest.mark.slow, *_export_fails(f"{case_id}-{str(more)[6:]}")]
