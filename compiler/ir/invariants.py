@@ -282,3 +282,19 @@ def pte_operators_registered(artifact) -> Violation | None:
     kernels = registered_kernels()
     bad = [name for name in artifact.operators if name not in kernels]
     return _violation_if_any(bad, "the .pte calls operators the ExecuTorch runtime does not register")
+
+
+@invariant(
+    "a conversion of a torch op made a MIL op that adds an epsilon to its input, which changes "
+    "the numbers (1 / x computed as 1 / (x + 1e-4)); keep the torch op on the CPU and report it"
+)
+def core_ml_payloads_add_no_epsilon(artifact) -> Violation | None:
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    from compiler.backends.coreml.payload import BACKEND_ID, ops_adding_an_epsilon, read_model
+
+    bad = []
+    for name, module in artifact.program.graph_module.named_children():
+        if isinstance(module, LoweredBackendModule) and module.backend_id == BACKEND_ID:
+            bad += [f"{name}: {op}" for op in ops_adding_an_epsilon(read_model(module.processed_bytes))]
+    return _violation_if_any(bad, "a Core ML payload computes f(x + epsilon) where the program computes f(x)")

@@ -52,12 +52,24 @@ def _dtype_name(value_type) -> str:
     return MIL_pb2.DataType.Name(tensor.dataType).lower()
 
 
+# MIL dtypes whose immediate values are stored as raw bytes, as numpy reads them.
+_BYTES_DTYPES = {"float16": "float16", "int8": "int8", "uint8": "uint8", "int16": "int16", "uint16": "uint16"}
+
+
 def _constant(value) -> object:
     imm = value.immediateValue
     tensor = imm.tensor
     for field in ("strings", "bools", "ints", "floats", "longInts", "doubles"):
         if tensor.HasField(field):
             values = list(getattr(tensor, field).values)
+            return values[0] if len(values) == 1 else values
+    if tensor.HasField("bytes"):
+        import numpy as np
+        from coremltools.proto import MIL_pb2
+
+        dtype = _BYTES_DTYPES.get(MIL_pb2.DataType.Name(value.type.tensorType.dataType).lower())
+        if dtype:
+            values = np.frombuffer(tensor.bytes.values, dtype=dtype).tolist()
             return values[0] if len(values) == 1 else values
     return None
 
@@ -104,6 +116,22 @@ def read_model(payload: bytes) -> CoreMLModel:
         ops=tuple(resolved),
         specification_version=spec.specificationVersion,
     )
+
+
+# MIL ops that compute f(x + epsilon) with a nonzero default epsilon (inverse 1e-4, rsqrt
+# 1e-12, log 1e-45): no torch op means that, so in a payload each must say epsilon 0.
+EPSILON_OPS = ("inverse", "rsqrt", "log")
+
+
+def ops_adding_an_epsilon(model: CoreMLModel) -> list[str]:
+    """The ops of `model` that add an epsilon to their input: a default left in, or a nonzero one."""
+    found = []
+    for op in model.ops:
+        epsilon = op.constants.get("epsilon", "left at its default")
+        if op.type in EPSILON_OPS and epsilon != 0:
+            shown = f"{epsilon:.3g}" if isinstance(epsilon, float) else epsilon
+            found.append(f"{op.name or op.type} ({op.type}, epsilon {shown})")
+    return found
 
 
 def coreml_payloads(pte: bytes) -> Iterator[bytes]:

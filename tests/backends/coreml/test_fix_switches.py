@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import compiler
 from compiler.backends.coreml import fixes
 from compiler.backends.coreml.fixes import fixes_off
 from compiler.backends.coreml.interpreter import MilInterpreterError, UnsupportedMilOp, load_programs
@@ -31,10 +32,12 @@ def _output_dtype(payload, name):
 
 
 def _on_and_off(switch, model, inputs, **options):
-    """The model compiled with every fix on, and with `switch` off."""
+    """The model compiled with every fix on, and with `switch` off. The fix-off compile skips
+    verify-each, so what the check sees is the payload's numbers (an invariant refuses some
+    such payloads outright: test_an_epsilon_left_in_a_payload_is_refused_by_verify_each)."""
     on = compile_coreml(model, inputs, **options)
     with fixes_off(switch):
-        off = compile_coreml(model, inputs, **options)
+        off = compiler.compile(model.eval(), inputs, "coreml", backend_options=options or None, verify=False)
     return on, off
 
 
@@ -406,3 +409,15 @@ def test_log_softmax_where_softmax_underflows(precision):
         assert bad.max_abs_error == float("inf")
     good = compare_with_eager(on, model, inputs)
     assert good.passed and good.max_abs_error < (1e-5 if precision == "float32" else 1e-2)
+
+
+def test_an_epsilon_left_in_a_payload_is_refused_by_verify_each():
+    """The whole class: no torch op computes f(x + epsilon), so a payload whose inverse, rsqrt
+    or log adds one (a default left in by a conversion) fails the lower stage's invariant."""
+    from compiler.ir.errors import VerificationError
+
+    model, inputs = Unary(lambda x: 1 / x), (_SMALL,)
+    with fixes_off("unary_epsilon"), pytest.raises(VerificationError) as caught:
+        compile_coreml(model, inputs, **FP32)
+    assert "core_ml_payloads_add_no_epsilon" in str(caught.value)
+    assert "aten_reciprocal_default (inverse, epsilon 0.0001)" in str(caught.value)
