@@ -398,19 +398,28 @@ def avg_pool(x, kernel_sizes, strides=None, pad_type="valid", pad=None,
 # --- normalization (iOS15/normalization.py) -----------------------------------------
 
 
-@kernel("layer_norm")
-def layer_norm(x, axes=None, gamma=None, beta=None, epsilon=1e-5):
-    x = _f32(x)
-    axes = _axes(axes, x.ndim) or tuple(range(x.ndim))
+def _normalized(x, axes, epsilon):
+    """x less its mean over `axes`, over the square root of its biased variance plus epsilon."""
     mean = x.mean(axis=axes, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    out = (x - mean) / np.sqrt(var + np.float32(epsilon))
-    shape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    return (x - mean) / np.sqrt(var + np.float32(epsilon))
+
+
+def _affine(out, gamma, beta, shape):
+    """`out * gamma + beta`, each (when given) reshaped to broadcast as `shape`."""
     if gamma is not None:
         out = out * _f32(gamma).reshape(shape)
     if beta is not None:
         out = out + _f32(beta).reshape(shape)
     return out
+
+
+@kernel("layer_norm")
+def layer_norm(x, axes=None, gamma=None, beta=None, epsilon=1e-5):
+    x = _f32(x)
+    axes = _axes(axes, x.ndim) or tuple(range(x.ndim))
+    shape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    return _affine(_normalized(x, axes, epsilon), gamma, beta, shape)
 
 
 @kernel("batch_norm")
@@ -418,27 +427,15 @@ def batch_norm(x, mean, variance, gamma=None, beta=None, epsilon=1e-5):
     x = _f32(x)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     out = (x - _f32(mean).reshape(shape)) / np.sqrt(_f32(variance).reshape(shape) + np.float32(epsilon))
-    if gamma is not None:
-        out = out * _f32(gamma).reshape(shape)
-    if beta is not None:
-        out = out + _f32(beta).reshape(shape)
-    return out
+    return _affine(out, gamma, beta, shape)
 
 
 @kernel("instance_norm")
 def instance_norm(x, gamma=None, beta=None, epsilon=1e-5):
     """Each (n, c) normalized over its spatial axes (biased variance), then gamma_c and beta_c."""
     x = _f32(x)
-    axes = tuple(range(2, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    out = (x - mean) / np.sqrt(var + np.float32(epsilon))
     shape = (1, -1) + (1,) * (x.ndim - 2)
-    if gamma is not None:
-        out = out * _f32(gamma).reshape(shape)
-    if beta is not None:
-        out = out + _f32(beta).reshape(shape)
-    return out
+    return _affine(_normalized(x, tuple(range(2, x.ndim)), epsilon), gamma, beta, shape)
 
 
 @kernel("l2_norm")
