@@ -192,15 +192,16 @@ class _Method:
                     # The delegate copies its elements into the program's tensor, as Core ML's
                     # does a rank-1 output into a 0-d tensor (Core ML has no 0-d outputs).
                     value = value.reshape(current.shape)
-                elif static:
+                elif static and value.numel() > current.numel():
                     raise ReferenceExecutionError(
                         f"a delegate returned shape {tuple(value.shape)} for program value {index}, "
-                        f"whose shape is fixed at {tuple(current.shape)}: the payload computes another "
-                        "shape than the program expects (a conversion fault; a device cannot fit it either)",
+                        f"whose shape is fixed at {tuple(current.shape)}: the payload computes more "
+                        "elements than the program has room for (a conversion fault; a device cannot fit "
+                        "them either)",
                         hint="keep the op that makes this output on the CPU, and report the model",
                     )
                 else:
-                    current.resize_(value.shape)  # dynamic: within the planned upper bound
+                    current.resize_(value.shape)  # within the planned size (a dynamic shape's bound)
             current.copy_(value)  # in the program's dtype (a Core ML float16 output becomes float32)
             return
         if isinstance(spec, schema.Tensor) and isinstance(value, torch.Tensor):
