@@ -139,9 +139,6 @@ class CheckResult:
             return False
         return self.max_abs_error <= self.tolerance.absolute
 
-    def within(self, tolerance: float) -> bool:
-        return self.max_abs_error <= tolerance
-
     def describe(self) -> str:
         integers = (
             f"; integer outputs differ by up to {self.integer_error:.3g} (they must match exactly)"

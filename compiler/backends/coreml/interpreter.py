@@ -62,14 +62,9 @@ def load_payload(payload: bytes) -> tuple[Any, dict]:
         return load(spec, spec.specificationVersion, file_weights_dir=str(weights)), metadata
 
 
-def load_program(payload: bytes) -> Any:
-    """The coremltools MIL `Program` of one Core ML delegate payload, its weights loaded."""
-    return load_payload(payload)[0]
-
-
 def load_programs(pte: bytes) -> list[Any]:
     """The MIL programs of every Core ML delegate of a `.pte`, in execution-plan order."""
-    return [load_program(payload) for payload in coreml_payloads(pte)]
+    return [load_payload(payload)[0] for payload in coreml_payloads(pte)]
 
 
 def _np_dtype(var) -> np.dtype:
@@ -214,12 +209,3 @@ class MilInterpreter:
                 stage=STAGE, nodes=[var.name],
             )
         return value.astype(dtype, copy=False)
-
-
-def run(program: Any, inputs: Mapping[str, np.ndarray],
-        state: Optional[dict[str, np.ndarray]] = None) -> dict[str, np.ndarray]:
-    """Run `program`'s main function once; `state` (by state input name) is updated in place."""
-    interpreter = MilInterpreter(program)
-    if state is not None:
-        interpreter.state = state
-    return interpreter.run(inputs)

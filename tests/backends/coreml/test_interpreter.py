@@ -27,7 +27,7 @@ from compiler.backends.coreml.interpreter import (
 from compiler.examples import EXAMPLES
 from coreml_helpers import compile_coreml, models, stock_pte
 
-# Issue 14 work in progress, kept out of the default run (its time budget): CI runs it with -m slow.
+# Kept out of the default run (its time budget): CI's slow job runs it (-m slow).
 pytestmark = pytest.mark.slow
 
 FP32 = [CoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]
