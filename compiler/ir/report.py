@@ -21,6 +21,8 @@ class StageRecord:
     cpu_ops: int | None = None
     # What the stage itself reported (e.g. the fold stage's constants created).
     metrics: Mapping[str, Any] = attrs.field(factory=dict)
+    # What the dependencies printed, warned or logged while the stage ran (kept off the terminal).
+    messages: tuple[str, ...] = ()
 
 
 def _cell(value: Any) -> str:
