@@ -202,10 +202,11 @@ class RunOptions:
     resume_from: str | None = option(
         None, "continue the run recorded in this stage file (its backend and options, unless given)", kind=str, metavar="FILE"
     )
-    reproducer: bool = option(True, "on a failure, save the failing stage's input as a stage file")
+    reproducer: bool = option(True, "on a failure, save the failing stage's input as a stage file, in reproducer_dir")
     reproducer_dir: str | None = option(
-        None, "where the failing stage's input is saved (default: dump_dir, else a temporary folder)", kind=str,
-        metavar="DIR",
+        None, "where the failing stage's input is saved (default: dump_dir; with neither, the API saves nothing and "
+        "the CLI uses the cache folder $XDG_CACHE_HOME/staged-compiler/reproducers, else ~/.cache/..., where each "
+        "failure gets its own folder and the newest 20 are kept)", kind=str, metavar="DIR",
     )
     # Extra instruments of the caller's, outermost first (API only).
     instruments: tuple = attrs.field(default=(), converter=tuple)

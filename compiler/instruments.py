@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from typing import Any, Mapping, TextIO
 
 from compiler.config import CompileConfig, RunOptions, dependency_versions
@@ -193,12 +196,36 @@ class PrintAfterChange(Instrument):
             stream.write(f"// ----- after {stage} -----\n{text}\n")
 
 
+# Each failed compile adds a folder to the cache folder: only this many, the newest, are kept.
+KEPT_REPRODUCERS = 20
+
+# A reproducer folder in the cache folder: `<UTC timestamp>-<failing stage>-<random>`; the fixed-width
+# timestamp makes name order the order they were saved in.
+_CACHED_FOLDER = re.compile(r"\d{8}T\d{6}\.\d{6}Z-")
+
+
+def default_reproducer_dir() -> str:
+    """The user's cache folder for reproducers, on every platform: `$XDG_CACHE_HOME/staged-compiler/
+    reproducers`, else `~/.cache/staged-compiler/reproducers`. Nothing is saved there unless it is
+    passed as `reproducer_dir` (the CLI does); there each failure gets its own folder, and only the
+    newest `KEPT_REPRODUCERS` stay."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):  # the XDG spec: a relative path is invalid and ignored
+        cache = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "staged-compiler", "reproducers")
+
+
 class CrashReproducer(Instrument):
     """On a failure, saves the failing stage's input (with the run's configuration, so the
-    file alone replays the run) and names it on the error."""
+    file alone replays the run) and names it on the error.
 
-    def __init__(self, directory: str | os.PathLike | None) -> None:
-        self.directory = os.fspath(directory) if directory else None
+    A folder the caller named gets `<stage that made it>.stage` itself, and nothing there is
+    ever removed; the cache folder (`default_reproducer_dir()`) is ours to manage, so repeated
+    failures there cannot pile up."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = os.fspath(directory)
+        self.in_cache = os.path.realpath(self.directory) == os.path.realpath(default_reproducer_dir())
         self.config: CompileConfig | None = None
         self.stages: tuple[str, ...] = ()
 
@@ -209,24 +236,56 @@ class CrashReproducer(Instrument):
         position = self.stages.index(stage)
         if position == 0 or not can_save(artifact):
             return  # the input is the user's own model: nothing of theirs to lose
-        produced_by = self.stages[position - 1]
-        directory = self.directory or tempfile.mkdtemp(prefix="compiler-crash-")
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{produced_by}{SUFFIX}")
         try:
-            save_stage_file(path, artifact, produced_by, self.config)
+            error.reproducer_path = self._save(stage, self.stages[position - 1], artifact)
         except Exception:  # a reproducer must never hide the original error
             logger.exception("could not save the reproducer for stage %s", stage)
-            return
-        error.reproducer_path = path
+        if self.in_cache:
+            _keep_newest(self.directory, KEPT_REPRODUCERS)
+
+    def _save(self, stage: str, produced_by: str, artifact: Any) -> str:
+        os.makedirs(self.directory, exist_ok=True)
+        if self.in_cache:
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+            folder = tempfile.mkdtemp(prefix=f"{stamp}-{stage}-", dir=self.directory)
+        else:
+            folder = self.directory
+        path = os.path.join(folder, f"{produced_by}{SUFFIX}")
+        try:
+            save_stage_file(path, artifact, produced_by, self.config)
+        except Exception:  # a half-written file would only fail later, at resume
+            if self.in_cache:
+                shutil.rmtree(folder, ignore_errors=True)
+            elif os.path.exists(path):
+                os.remove(path)
+            raise
+        return path
+
+
+def _keep_newest(directory: str, count: int) -> None:
+    """Removes all but the newest `count` reproducer folders. Other processes may be pruning
+    the same folder at once: one already gone is fine, and anything else only costs a warning."""
+    try:
+        folders = sorted(name for name in os.listdir(directory) if _CACHED_FOLDER.match(name))
+    except OSError as exc:
+        logger.warning("could not list the reproducer folder %s: %s", directory, exc)
+        return
+    for name in folders[:-count]:
+        try:
+            shutil.rmtree(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("could not remove the old reproducer %s: %s", name, exc)
 
 
 def instruments_for(run: RunOptions) -> list[Instrument]:
     """The instruments a run's options ask for, outermost first: the reproducer wraps
     everything, timing is innermost so it times the stage alone."""
     instruments: list[Instrument] = []
-    if run.reproducer:
-        instruments.append(CrashReproducer(run.reproducer_dir or run.dump_dir))
+    reproducer_dir = run.reproducer_dir or run.dump_dir
+    if run.reproducer and reproducer_dir:
+        instruments.append(CrashReproducer(os.path.expanduser(reproducer_dir)))
     instruments.extend(run.instruments)
     if run.dump_dir:
         instruments.append(DumpStages(os.path.expanduser(run.dump_dir)))
