@@ -132,6 +132,8 @@ class CheckResult:
     # (a program that computes an integer through float16 is wrong, whatever its scale).
     integer_error: float = 0.0
     integers_exact: bool = True
+    # Per output, in order: its largest absolute and relative error.
+    output_errors: tuple[tuple[float, float], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -149,6 +151,22 @@ class CheckResult:
             f"max rel error {self.max_rel_error:.3g} -> {'OK' if self.passed else 'MISMATCH'} "
             f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers})"
         )
+
+    def to_json(self) -> dict:
+        """The check as JSON types, for the JSON report."""
+        return {
+            "passed": self.passed,
+            "outputs": self.outputs,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+            "largest_expected": self.largest_expected,
+            "tolerance": self.tolerance.absolute,
+            "tolerance_kind": "relative" if self.tolerance.rule.startswith("relative") else "absolute",
+            "tolerance_rule": self.tolerance.rule,
+            "integer_error": self.integer_error,
+            "integers_exact": self.integers_exact,
+            "per_output": [{"max_abs_error": a, "max_rel_error": r} for a, r in self.output_errors],
+        }
 
 
 def compare_with_eager(
@@ -168,21 +186,26 @@ def compare_with_eager(
             hint="compare the module the program was compiled from",
         )
     max_abs = max_rel = largest = integer_error = 0.0
+    per_output = []
     for got, want in zip(actual, expected):
         floating = want.is_floating_point() or want.is_complex()
         got, want = got.to(torch.float64), want.to(torch.float64)
         if got.shape != want.shape:
             raise UserInputError(f"output shape {tuple(got.shape)} differs from eager {tuple(want.shape)}")
         diff = (got - want).abs()
+        output_abs = output_rel = 0.0
         if diff.numel():
-            max_abs = max(max_abs, diff.max().item())
-            max_rel = max(max_rel, (diff / want.abs().clamp_min(1e-6)).max().item())
+            output_abs, output_rel = diff.max().item(), (diff / want.abs().clamp_min(1e-6)).max().item()
+            max_abs, max_rel = max(max_abs, output_abs), max(max_rel, output_rel)
             if floating:
                 largest = max(largest, want.abs().max().item())
             else:
                 integer_error = max(integer_error, diff.max().item())
+        per_output.append((output_abs, output_rel))
     chosen = (
         Tolerance.given(tolerance) if tolerance is not None
         else Tolerance.for_precision(loaded.computes_in_float16, largest)
     )
-    return CheckResult(max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None)
+    return CheckResult(
+        max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None, tuple(per_output)
+    )

@@ -13,6 +13,8 @@ from torch.export import ExportedProgram
 
 from executorch.exir.backend.partitioner import DelegationSpec
 
+from compiler.ir.dialect import op_name
+
 
 @attrs.frozen
 class KeepWhole:
@@ -62,7 +64,7 @@ class Backend(abc.ABC):
         """Tag the nodes this backend takes (node.meta['delegation_tag']) in place."""
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
-        return f"the {self.name} backend does not support this op"
+        return f"the {self.name} backend does not support {op_name(node.target)}"
 
     def lowering(self) -> ContextManager[None]:
         """Entered around `to_backend`: where a backend installs conversion fixes."""

@@ -22,6 +22,22 @@ from compiler.ir.graph import DELEGATION_TAG, op_nodes
 
 CPU = "cpu"
 
+# What a user calls each delegate ExecuTorch names by backend id.
+BACKEND_NAMES = {"CoreMLBackend": "Core ML", "XnnpackBackend": "XNNPACK", "MLXBackend": "MLX"}
+# Op namespaces whose CPU kernels are ExecuTorch's portable kernels.
+_PORTABLE_NAMESPACES = ("aten", "dim_order_ops")
+
+
+def backend_name(backend_id: str) -> str:
+    """The name a user knows a delegate by (`CoreMLBackend` -> `Core ML`)."""
+    return BACKEND_NAMES.get(backend_id, backend_id)
+
+
+def cpu_kernel(op: str) -> str:
+    """Where a CPU op's kernel comes from, in words: the portable library or the op's own."""
+    namespace = op.split(".", 1)[0]
+    return "CPU (portable kernel)" if namespace in _PORTABLE_NAMESPACES else f"CPU ({namespace} kernel)"
+
 
 @attrs.frozen
 class NodePlacement:
@@ -43,6 +59,38 @@ class OpSummary:
     count: int
     where: str
     reason: str
+
+
+@attrs.frozen
+class PlacedNode:
+    """One node's placement for a reader: ExecuTorch's terms (op, backend id, tag) and words
+    (where it runs, why)."""
+
+    node: str
+    op: str
+    where: str  # "Core ML delegate 1", "CPU (portable kernel)"
+    backend_id: str | None  # None on the CPU
+    tag: str | None
+    reason: str
+
+
+@attrs.frozen
+class BackendShare:
+    """How many of the program's ops one delegate backend (or the CPU) runs."""
+
+    backend_id: str | None  # None for the CPU
+    name: str  # "Core ML", "CPU"
+    ops: int
+    total: int
+
+    @property
+    def percent(self) -> int:
+        """Rounded, but never to 0 or 100 unless none or all: 599 of 600 is not 100%."""
+        share = round(100 * self.ops / self.total) if self.total else 0
+        return min(max(share, 1 if self.ops else 0), 99 if self.ops < self.total else 100)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.ops} of {self.total} ops ({self.percent}%)"
 
 
 @attrs.frozen
@@ -78,6 +126,42 @@ class PlacementPlan:
         if placement.tag is None:
             return CPU
         return f"{self.partitions[placement.tag].backend_id}/{placement.tag}"
+
+    def delegate_numbers(self) -> dict[str, int]:
+        """Tag -> the delegate's number for its backend (1, 2, ...), in program order."""
+        numbers: dict[str, int] = {}
+        seen: collections.Counter[str] = collections.Counter()
+        for placement in self.nodes:
+            if placement.tag and placement.tag not in numbers:
+                backend_id = self.partitions[placement.tag].backend_id
+                seen[backend_id] += 1
+                numbers[placement.tag] = seen[backend_id]
+        return numbers
+
+    def described(self) -> tuple[PlacedNode, ...]:
+        """Every op node with where it runs and why, in ExecuTorch's terms and in words."""
+        numbers = self.delegate_numbers()
+        rows = []
+        for p in self.nodes:
+            if p.on_cpu:
+                rows.append(PlacedNode(p.node, p.op, cpu_kernel(p.op), None, None, p.reason or ""))
+                continue
+            backend_id = self.partitions[p.tag].backend_id
+            name = backend_name(backend_id)
+            rows.append(
+                PlacedNode(
+                    p.node, p.op, f"{name} delegate {numbers[p.tag]}", backend_id, p.tag,
+                    f"the {name} partitioner took it",
+                )
+            )
+        return tuple(rows)
+
+    def shares(self) -> tuple[BackendShare, ...]:
+        """The ops each delegate backend runs, then the CPU's, out of every op node."""
+        total = len(self.nodes)
+        counts = collections.Counter(self.partitions[p.tag].backend_id for p in self.delegated_nodes)
+        delegated = [BackendShare(b, backend_name(b), n, total) for b, n in sorted(counts.items())]
+        return (*delegated, BackendShare(None, "CPU", len(self.cpu_nodes), total))
 
     @property
     def cpu_nodes(self) -> tuple[NodePlacement, ...]:

@@ -1,13 +1,19 @@
-"""The compile report: per-stage timing and node counts, the placement summary, and the
-configuration the run used (with what a resume changed)."""
+"""The compile report: per-stage timing and node counts, where every node runs and why,
+and the configuration the run used (with what a resume changed).
+
+Text and JSON are made from the same rows (`stage_rows`, `placement_rows`), so a
+terminal table (plain or `rich`) and the JSON report say the same thing. docs/REPORT.md
+explains every column and field.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import collections
+from typing import Any, Callable, Mapping
 
 import attrs
 
-from compiler.ir.placement import OpSummary
+from compiler.ir.placement import OpSummary, PlacementPlan, backend_name
 
 
 @attrs.frozen
@@ -33,6 +39,50 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def _kib(n: int) -> str:
+    return f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+# Metric key (what a stage put in `ctx.metrics`) -> its value in words for the notes column.
+# The dry run's `skipped` and `because` values are sentences already.
+_METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
+    # capture
+    "constants_made_buffers": lambda n: f"made {_count(n, 'constant')} the model writes to into buffers",
+    "selects_by_tensor": lambda n: f"rewrote {_count(n, 'select')} by a tensor value as index_select",
+    "mutation_sources_cloned": lambda n: f"cloned {_count(n, 'value')} a mutated buffer would share",
+    "vmap_inlined": lambda _: "inlined vmap regions",
+    "views_owned": lambda n: f"gave {_count(n, 'constant view')} its own storage",
+    "constants_made_row_major": lambda n: f"made {_count(n, 'constant')} row-major",
+    # fold
+    "folded": lambda n: f"folded {_count(n, 'node')} into constants" if n else "folded nothing",
+    "constants": lambda n: f"made {_count(n, 'constant')}",
+    "bytes_added": lambda n: f"added {_kib(n)} of constants",
+    "bytes_removed": lambda n: f"removed {_kib(n)} of constants",
+    "masks": lambda n: f"turned {_count(n, 'constant bool mask')} into index positions",
+    # dry_run
+    "kept": lambda n: f"kept {_count(n, 'op')} whole for the backend" if n else "kept no op whole",
+    "skipped": lambda why: f"no dry run needed: {why}",
+    "because": lambda why: f"dry run needed: {why}",
+    "decomposed": lambda ops: f"decomposed after all (would run on the CPU without a kernel): {ops}",
+    # split_constants
+    "copies": lambda n: f"made {_count(n, 'constant copy', 'constant copies')} for delegates sharing one"
+    if n else "no constant copies needed",
+    # emit
+    "initialized_state": lambda n: f"kept the initial value of {_count(n, 'CPU buffer')}",
+    "pte_bytes": lambda n: f".pte of {_kib(n)}",
+}
+
+
+def metric_phrase(key: str, value: Any) -> str:
+    """A stage's metric in words; a key without a phrase shows as `key: value`."""
+    phrase = _METRIC_PHRASES.get(key)
+    return phrase(value) if phrase else f"{key.replace('_', ' ')}: {_cell(value)}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip()]
@@ -56,6 +106,7 @@ class Override:
 @attrs.frozen
 class Report:
     stages: tuple[StageRecord, ...] = ()
+    # Per (op, where, reason): how many nodes (the plan's `summary()`, kept for old callers).
     placement: tuple[OpSummary, ...] = ()
     # The compile configuration (as JSON) and the dependency versions the run used.
     config: Mapping[str, Any] = attrs.field(factory=dict)
@@ -64,6 +115,14 @@ class Report:
     # recorded run (options given, dependency versions installed).
     resumed_from: str | None = None
     overrides: tuple[Override, ...] = ()
+    # Where every node of the final program runs and why; per-node rows and shares come from it.
+    plan: PlacementPlan | None = None
+    # What was compiled ("transformer:depth=2") and the check against eager (`CheckResult.to_json()`).
+    model: str | None = None
+    check: Mapping[str, Any] | None = None
+
+    # At most this many op nodes are listed one per line in the terminal; more are grouped.
+    PER_NODE_LIMIT = 60
 
     def stage(self, name: str) -> StageRecord:
         for record in self.stages:
@@ -75,7 +134,8 @@ class Report:
     def total_seconds(self) -> float:
         return sum(r.seconds for r in self.stages)
 
-    def format_stages(self) -> str:
+    def stage_rows(self) -> tuple[list[str], list[list[str]]]:
+        """(header, rows) of the stage table, the total last; cells are text."""
         header = ["stage", "time s", "verify s", "nodes in", "nodes out", "delegates", "cpu ops", "notes"]
         rows = [
             [
@@ -86,17 +146,56 @@ class Report:
                 _cell(r.nodes_out),
                 _cell(r.delegates),
                 _cell(r.cpu_ops),
-                ", ".join(f"{k}={_cell(v)}" for k, v in r.metrics.items()),
+                "; ".join(metric_phrase(k, v) for k, v in r.metrics.items()),
             ]
             for r in self.stages
         ]
         rows.append(["total", _cell(self.total_seconds), _cell(sum(r.verify_seconds for r in self.stages)), "", "", "", "", ""])
-        return _table(header, rows)
+        return header, rows
+
+    def format_stages(self) -> str:
+        return _table(*self.stage_rows())
+
+    @property
+    def per_node(self) -> bool:
+        """Whether the placement table lists every node (else it groups them by op)."""
+        return self.plan is not None and len(self.plan.nodes) <= self.PER_NODE_LIMIT
+
+    def placement_rows(self) -> tuple[list[str], list[list[str]]]:
+        """(header, rows) of the placement table: a row per node for a program of at most
+        `PER_NODE_LIMIT` ops, else a row per (op, where, reason) with its count."""
+        if self.per_node:
+            header = ["node", "op", "runs on", "delegate", "reason"]
+            rows = [
+                [n.node, n.op, n.where, f"{n.backend_id}/{n.tag}" if n.tag else "-", n.reason]
+                for n in self.plan.described()
+            ]
+            return header, rows
+        header = ["op", "count", "runs on", "reason"]
+        if self.plan is None:
+            return header, [[s.op, str(s.count), s.where, s.reason] for s in self.placement]
+        counts = collections.Counter(
+            (n.op, backend_name(n.backend_id) if n.backend_id else n.where, n.reason) for n in self.plan.described()
+        )
+        ordered = sorted(counts.items(), key=lambda item: (item[0][1].startswith("CPU"), item[0][1], item[0][0]))
+        return header, [[op, str(n), where, reason] for (op, where, reason), n in ordered]
+
+    def format_shares(self) -> str:
+        """One line: how many ops each delegate and the CPU run ("" without a plan)."""
+        if self.plan is None or not self.plan.nodes:
+            return ""
+        return "; ".join(str(share) for share in self.plan.shares())
+
+    def placement_note(self) -> str:
+        """The line under a grouped placement table saying where every node is listed ("" else)."""
+        if self.plan is None or self.per_node:
+            return ""
+        return f"{len(self.plan.nodes)} op nodes, grouped by op; the JSON report (--report-json) lists every node"
 
     def format_placement(self) -> str:
-        header = ["op", "count", "runs on", "reason"]
-        rows = [[s.op, str(s.count), s.where, s.reason] for s in self.placement]
-        return _table(header, rows)
+        """The shares, the placement table, and the note under a grouped table."""
+        lines = [self.format_shares(), _table(*self.placement_rows()), self.placement_note()]
+        return "\n".join(line for line in lines if line)
 
     def format_resume(self) -> str:
         """What a resumed run replayed and what it changed ("" when it did not resume)."""
@@ -107,11 +206,17 @@ class Report:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
+        """The whole report as JSON types: what `json.dumps` takes as is."""
+        plan = self.plan
         return {
+            "model": self.model,
             "config": dict(self.config),
             "versions": dict(self.versions),
             "resumed_from": self.resumed_from,
             "overrides": [attrs.asdict(o) for o in self.overrides],
-            "stages": [attrs.asdict(r) for r in self.stages],
+            "stages": [{**attrs.asdict(r), "notes": [metric_phrase(k, v) for k, v in r.metrics.items()]} for r in self.stages],
+            "shares": [{**attrs.asdict(s), "percent": s.percent} for s in plan.shares()] if plan else [],
+            "nodes": [attrs.asdict(n) for n in plan.described()] if plan else [],
             "placement": [attrs.asdict(s) for s in self.placement],
+            "check": dict(self.check) if self.check is not None else None,
         }

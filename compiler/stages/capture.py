@@ -286,10 +286,12 @@ class Capture(Stage, name="capture", takes=EagerModel, returns=AtenProgram, opti
         buffers = mutated_constants_as_buffers(program)
         if buffers:
             ctx.metrics["constants_made_buffers"] = len(buffers)
-        if select_by_tensor(program):
-            ctx.metrics["selects_by_tensor"] = True
-        if distinct_mutated_values(program):
-            ctx.metrics["mutation_sources_cloned"] = True
+        selects = select_by_tensor(program)
+        if selects:
+            ctx.metrics["selects_by_tensor"] = selects
+        cloned = distinct_mutated_values(program)
+        if cloned:
+            ctx.metrics["mutation_sources_cloned"] = cloned
         if has_transform_regions(program):
             program = inline_transform_regions(program)
             ctx.metrics["vmap_inlined"] = True

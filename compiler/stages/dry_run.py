@@ -135,18 +135,21 @@ def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node
             continue
         kernel = missing_kernel(node.target)
         if kernel:
-            dropped[origin] = f"would run on the CPU ({where.reason}) where the runtime has no {kernel}"
+            dropped[origin] = (
+                f"kept whole it would run on the CPU ({where.reason}), where the runtime has no "
+                f"{kernel}; decomposed instead"
+            )
     return dropped
 
 
 def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], mode: str) -> tuple[str | None, str | None]:
     """(why the dry run can be skipped, why it must run): exactly one is None."""
     if mode == "never":
-        return "dry_run_mode is never", None
+        return "you set dry_run_mode to never", None
     if not kept:
         return "nothing to keep whole", None
     if mode == "always":
-        return None, "dry_run_mode is always"
+        return None, "you set dry_run_mode to always"
     if not any(missing_kernel(n.target) for n in kept):
         return "every kept op has a CPU kernel", None
     because = backend.dry_run_needed(program, kept)

@@ -23,7 +23,10 @@ from compiler.ir.placement import PlacementPlan
 from compiler.stages.base import Stage, StageContext
 
 
-RETURNED_BUFFER_COPY = "a copy of a mutated buffer's new value that is returned: the CPU makes it"
+RETURNED_BUFFER_COPY = (
+    "the model returns a buffer's new value, and no delegate owns that buffer: the CPU makes "
+    "the returned copy (a delegate output cannot be both)"
+)
 
 
 def returned_buffer_copies(program: ExportedProgram) -> list:

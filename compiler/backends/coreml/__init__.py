@@ -181,14 +181,14 @@ class CoreMLBackend(Backend):
         that reads no model input, whose partition may have no input; without them, every node
         the keep-whole filter accepts is taken."""
         if self.skip_ops_for_coreml_delegation:
-            return "a skip list is given"
+            return "you gave skip_ops_for_coreml_delegation"
         refused = rules.REFUSED_DTYPES | (set() if self.rule_context.ios16 else {torch.float16})
         for node in program.graph.nodes:
             for value in rules.tensor_values(node):
                 if value.dtype in refused:
                     return f"{node.name} is {value.dtype}, which Core ML refuses (before iOS 16 for float16)"
                 if value.dim() > rules.CORE_ML_MAX_RANK:
-                    return f"{node.name} has rank {value.dim()}"
+                    return f"{node.name} has rank {value.dim()}, above Core ML's {rules.CORE_ML_MAX_RANK}"
         if not self.rule_context.ios18:
             user_inputs = set(program.graph_signature.user_inputs)  # a property that rebuilds its tuple
             fed = {n for n in program.graph.nodes if n.name in user_inputs}
@@ -281,7 +281,7 @@ class CoreMLBackend(Backend):
             )
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
-        return f"not in a Core ML partition ({op_name(node.target)})"
+        return f"Core ML's partitioner left {op_name(node.target)} out of every delegate (no rule refused it)"
 
     # --- lowering ---------------------------------------------------------------------
 

@@ -139,7 +139,10 @@ def op_spellings(target) -> set[str]:
 @node_rule()
 def skipped_by_user(node, ctx) -> Optional[str]:
     if ctx.skipped_ops and op_spellings(node.target) & ctx.skipped_ops:
-        return f"{op_name(node.target)} is in skip_ops_for_coreml_delegation"
+        return (
+            f"you asked to keep {op_name(node.target)} off Core ML (skip_ops_for_coreml_delegation); "
+            "remove it from that option to delegate it"
+        )
     return None
 
 
@@ -150,21 +153,27 @@ def no_coremltools_converter(node, ctx) -> Optional[str]:
     except AssertionError:  # coremltools asserts on in-place ops instead of answering
         supported = False
     if not supported:
-        return f"coremltools 9.0 has no converter for {op_name(node.target)}"
+        return f"Core ML cannot convert {op_name(node.target)}: coremltools 9.0 has no converter for it"
     return None
 
 
 @node_rule("https://github.com/apple/coremltools/issues/2573")
 def add_sub_with_alpha(node, ctx) -> Optional[str]:
     if _is(node, torch.ops.aten.add, torch.ops.aten.sub) and node.kwargs.get("alpha", 1) != 1:
-        return f"{op_name(node.target)} with alpha != 1 converts wrongly"
+        return (
+            f"coremltools converts {op_name(node.target)} with alpha != 1 wrongly; multiply the "
+            "second operand by alpha in the model instead to delegate it"
+        )
     return None
 
 
 @node_rule("https://github.com/apple/coremltools/issues/2565, /2569, pytorch/executorch#11722")
 def refused_by_executorch(node, ctx) -> Optional[str]:
     if aten_op(node.target) in coreml_unsupported_op_targets():
-        return f"ExecuTorch's Core ML partitioner refuses {op_name(node.target)} (wrong or missing conversion)"
+        return (
+            f"Core ML cannot run {op_name(node.target)} correctly: ExecuTorch's Core ML partitioner "
+            "refuses it (its conversion is wrong or missing)"
+        )
     return None
 
 
@@ -174,7 +183,7 @@ def arg_reduction_over_flattened_input(node, ctx) -> Optional[str]:
         _is(node, torch.ops.aten.argmax, torch.ops.aten.argmin)
         and (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")) is None
     ):
-        return f"{op_name(node.target)} with dim=None crashes Core ML at run time"
+        return f"{op_name(node.target)} over the whole tensor (dim=None) crashes Core ML at run time"
     return None
 
 
@@ -194,8 +203,8 @@ def min_max_over_bool(node, ctx) -> Optional[str]:
         torch.bool in tensor_dtypes(arg) for arg in node.all_input_nodes
     ):
         return (
-            f"{op_name(node.target)} over bool: Core ML's reduce_max/reduce_min/maximum/minimum "
-            "take no bool tensors (stock: ValueError from reduce_max)"
+            f"Core ML's max and min ops take no bool tensors, and this {op_name(node.target)} runs over bool; "
+            "cast the input to int32 in the model to delegate it (stock: ValueError from reduce_max)"
         )
     return None
 
@@ -205,7 +214,10 @@ def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
     for value in (*node.args, *node.kwargs.values()):
         if isinstance(value, torch.dtype) and value not in TORCH_DTYPE_TO_NUM:
             name = str(value).removeprefix("torch.")
-            return f"takes the dtype {name} as an argument, which coremltools cannot name (stock: KeyError: torch.{name})"
+            return (
+                f"Core ML cannot convert it: it takes the dtype {name} as an argument, which coremltools "
+                f"cannot name (stock: KeyError: torch.{name})"
+            )
     return None
 
 
@@ -220,8 +232,8 @@ def zero_dim_fill(node, ctx) -> Optional[str]:
     value = node.meta.get("val")
     if _is(node, *_FILLS) and isinstance(value, torch.Tensor) and value.dim() == 0:
         return (
-            f"{op_name(node.target)} of a 0-d tensor: coremltools gives Core ML's fill an empty float "
-            "shape (stock: 'expects tensor or scalar of dtype from type domain [int32]')"
+            f"Core ML cannot make a 0-d tensor with {op_name(node.target)}: coremltools gives Core ML's "
+            "fill an empty float shape (stock: 'expects tensor or scalar of dtype from type domain [int32]')"
         )
     return None
 
@@ -239,8 +251,8 @@ def bool_data_core_ml_refuses(node, ctx) -> Optional[str]:
     data = node.args[0] if node.args else None
     if _is(node, *_NO_BOOL_DATA) and isinstance(data, torch.fx.Node) and torch.bool in tensor_dtypes(data):
         return (
-            f"{op_name(node.target)} of bool data: the Core ML op it becomes takes fp16, fp32 or int32 "
-            "(stock: 'expects tensor or scalar of dtype from type domain')"
+            f"Core ML cannot convert {op_name(node.target)} of bool data: the Core ML op it becomes takes "
+            "fp16, fp32 or int32 only (stock: 'expects tensor or scalar of dtype from type domain')"
         )
     return None
 
@@ -259,8 +271,9 @@ def pool_indices_used(node, ctx) -> Optional[str]:
         return None
     if any(user.target is operator.getitem and user.args[1] == 1 and user.users for user in node.users):
         return (
-            f"{op_name(node.target)} whose indices are used: coremltools converts it to a pool that "
-            "gives the values only (stock: 'coremltools lowering does not handle/bind value at index 1')"
+            f"Core ML cannot give the indices of {op_name(node.target)}, whose indices are used: coremltools "
+            "converts it to a pool that gives the values only (stock: 'coremltools lowering does not "
+            "handle/bind value at index 1')"
         )
     return None
 
@@ -303,8 +316,8 @@ def _pool_drops_unpadded_last_window(node: torch.fx.Node) -> bool:
 def ceil_mode_pool_past_the_input(node, ctx) -> Optional[str]:
     if _is(node, *_CEIL_MODE_POOLS) and _pool_drops_unpadded_last_window(node):
         return (
-            f"{op_name(node.target)} with ceil_mode whose last window would start past the input on an "
-            "unpadded axis: torch drops that window, Core ML keeps it (a larger output than torch's)"
+            f"Core ML would give {op_name(node.target)} with ceil_mode a larger output than torch: its last "
+            "window would start past the input on an unpadded axis, which torch drops and Core ML keeps"
         )
     return None
 
@@ -314,8 +327,8 @@ def pixel_unshuffle_before_ios16(node, ctx) -> Optional[str]:
     # Refused, it is not kept whole either: its decomposition (views, a permute) is delegated.
     if _is(node, torch.ops.aten.pixel_unshuffle) and not ctx.ios16:
         return (
-            f"{op_name(node.target)} below iOS 16: Core ML's pixel_unshuffle is an iOS 16 op (stock: "
-            "'No available version for pixel_unshuffle in the coremltools.target.iOS15 opset'; set minimum_deployment_target=iOS16)"
+            f"Core ML has no {op_name(node.target)} below iOS 16; set minimum_deployment_target=iOS16 to "
+            "delegate it (stock: 'No available version for pixel_unshuffle in the coremltools.target.iOS15 opset')"
         )
     return None
 
@@ -344,7 +357,7 @@ def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[tuple[
         if len(given) > 1 or has_slice:
             return "a bool index next to a slice or another index", _STOCK_BOOL_NEXT_TO_SLICE
         if not ctx.ios18:
-            return "a bool mask index below iOS 18", None
+            return "a bool mask index below iOS 18 (set minimum_deployment_target=iOS18 to delegate it)", None
         return None
     if len({tuple(m.shape) for m in metas}) > 1:
         return "index tensors that broadcast against each other", _STOCK_BROADCAST
@@ -378,7 +391,7 @@ def unsupported_index_put(node, ctx) -> Optional[str]:
         return None
     problem, stock_text = found
     stock_says = f"stock: {stock_text!r}" if stock_text else "coremltools converts it wrongly"
-    return f"{op_name(node.target)} with {problem} is not supported by Core ML ({stock_says})"
+    return f"Core ML cannot run {op_name(node.target)} with {problem} ({stock_says})"
 
 
 @node_rule()
@@ -388,9 +401,9 @@ def rank_above_five(node, ctx) -> Optional[str]:
     if max(produced, read) > CORE_ML_MAX_RANK:
         verb = "produces" if produced > CORE_ML_MAX_RANK else "reads"
         return (
-            f"{verb} a rank {max(produced, read)} tensor; Core ML only supports tensors of "
-            f"rank <= {CORE_ML_MAX_RANK} (only view/permute chains between lower-rank tensors "
-            "are rewritten to fit)"
+            f"Core ML takes tensors of rank {CORE_ML_MAX_RANK} at most, and this op {verb} a rank "
+            f"{max(produced, read)} tensor (only view/permute chains between lower-rank tensors are "
+            "rewritten to fit)"
         )
     return None
 
@@ -410,9 +423,9 @@ def scalar_read_at_run_time(node, ctx) -> Optional[str]:
     if not symbols:
         return None
     return (
-        f"makes or reads {', '.join(symbols)}, a scalar read from a tensor at run time: coremltools "
-        "converts _local_scalar_dense as a no-op that leaves a tensor where a scalar is expected "
-        "(slice: 'concat op should share the same data type'), and Core ML gives no scalar outputs"
+        f"Core ML cannot use {', '.join(symbols)}, a number read from a tensor at run time (.item()): "
+        "coremltools leaves a tensor where the number is expected (slice: 'concat op should share "
+        "the same data type'), and Core ML gives no number outputs"
     )
 
 
@@ -427,8 +440,8 @@ def reads_refused_dtype(node: torch.fx.Node, inside: Collection[torch.fx.Node]) 
         refused = sorted(str(d).removeprefix("torch.") for d in tensor_dtypes(source) & REFUSED_DTYPES)
         if refused:
             return (
-                f"reads {source.name} ({refused[0]}) from outside its Core ML partition; "
-                f"Core ML takes no {refused[0]} inputs (stock: KeyError: torch.{refused[0]})"
+                f"Core ML takes no {refused[0]} inputs, and this op reads {source.name} ({refused[0]}) "
+                f"from outside its Core ML partition (stock: KeyError: torch.{refused[0]})"
             )
     return None
 
@@ -441,8 +454,8 @@ def reads_float16_before_ios16(node: torch.fx.Node, inside: Collection[torch.fx.
     for source in node.all_input_nodes:
         if source not in inside and torch.float16 in tensor_dtypes(source):
             return (
-                f"reads {source.name} (float16) from outside its Core ML partition; Core ML takes "
-                "float16 inputs only from iOS 16 (set minimum_deployment_target=iOS16 to delegate it)"
+                f"Core ML takes float16 inputs only from iOS 16, and this op reads {source.name} (float16) "
+                "from outside its Core ML partition; set minimum_deployment_target=iOS16 to delegate it"
             )
     return None
 
@@ -457,11 +470,11 @@ def gives_refused_dtype(node: torch.fx.Node, inside: Collection[torch.fx.Node]) 
         if user.target is operator.getitem:
             users += list(user.users)
     if any(user not in inside and user.target is not operator.getitem for user in users):
-        return f"its {refused[0]} result is used outside Core ML, which cannot output {refused[0]}"
+        return f"Core ML cannot output {refused[0]}, and this op's {refused[0]} result is used outside Core ML"
     return None
 
 
 NO_INPUTS_REASON = (
-    "its Core ML partition would have no tensor inputs, which Core ML supports only "
-    "from iOS 18 (set minimum_deployment_target=iOS18 to delegate it)"
+    "its Core ML partition would have no tensor inputs, which Core ML takes only from iOS 18; "
+    "set minimum_deployment_target=iOS18 to delegate it"
 )

@@ -111,11 +111,11 @@ class MLXBackend(Backend):
 
         reasons = dict(guarded.refused)
         for node, why in mlx_unsupported_reasons(stock).items():
-            reasons.setdefault(node.name, f"MLX: {_one_line(why)}")
+            reasons.setdefault(node.name, f"MLX's partitioner refused it: {_one_line(why)}")
         return BackendPartition(partitions, reasons)
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
-        return f"the MLX delegate did not take {op_name(node.target)} into a partition"
+        return f"MLX's partitioner left {op_name(node.target)} out of every delegate (it gave no reason)"
 
 
 __all__ = ["DELEGATE_ID", "MLXBackend", "MLXSetupError"]

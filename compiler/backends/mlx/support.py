@@ -70,8 +70,8 @@ def boolean_index(node: torch.fx.Node) -> Optional[str]:
         else "a mask computed at run time has no constant positions to turn it into"
     )
     return (
-        f"boolean index {', '.join(m.name for m in masks)}: the MLX runtime gathers only with "
-        f"integer indices ([Gather] Boolean indices not supported), and {why}"
+        f"MLX gathers only with integer indices, and this op takes the boolean index "
+        f"{', '.join(m.name for m in masks)} ([Gather] Boolean indices not supported): {why}"
     )
 
 
@@ -93,8 +93,9 @@ def same_rank_single_index(node: torch.fx.Node) -> Optional[str]:
     rank, index_rank = _rank(node.args[0]), _rank(given[0])
     if rank is not None and rank > 1 and index_rank == rank:
         return (
-            f"index tensor {given[0].name} has the input's rank ({rank}): ExecuTorch 1.5.1's MLX "
-            "lowering turns it into take_along_axis, which gathers element-wise instead of whole slices"
+            f"ExecuTorch 1.5.1's MLX lowering would gather the wrong values: the index tensor {given[0].name} "
+            f"has the input's rank ({rank}), which it turns into take_along_axis, an element-wise "
+            "gather instead of whole slices"
         )
     return None
 
@@ -135,7 +136,10 @@ def dtype_mlx_cannot_hold(node: torch.fx.Node) -> Optional[str]:
     has unsupported dtype"."""
     for what, dtype in _tensors_touched(node):
         if not _mlx_holds(dtype):
-            return f"{what} of {str(dtype).removeprefix('torch.')}, a dtype the MLX payload cannot hold"
+            return (
+                f"MLX cannot hold {str(dtype).removeprefix('torch.')} tensors, and this op {what} of "
+                f"{str(dtype).removeprefix('torch.')}; use float32 in the model to delegate it"
+            )
     return None
 
 
@@ -148,9 +152,10 @@ def copy_source_unlike_destination(node: torch.fx.Node) -> Optional[str]:
         return None
     destination, source = mismatch
     return (
-        f"copy of a {str(source.dtype).removeprefix('torch.')} {list(source.shape)} source onto a "
-        f"{str(destination.dtype).removeprefix('torch.')} {list(destination.shape)} destination: "
-        "ExecuTorch 1.5.1's MLX lowering returns the source unbroadcast and uncast"
+        f"ExecuTorch 1.5.1's MLX lowering would copy wrongly: this copies a "
+        f"{str(source.dtype).removeprefix('torch.')} {list(source.shape)} source onto a "
+        f"{str(destination.dtype).removeprefix('torch.')} {list(destination.shape)} destination, and "
+        "it returns the source unbroadcast and uncast"
     )
 
 
@@ -170,8 +175,8 @@ def symbolic_float(node: torch.fx.Node) -> Optional[str]:
     if not names:
         return None
     return (
-        f"symbolic float {', '.join(dict.fromkeys(names))} (a float read from a tensor at run time): "
-        "an MLX program carries tensors, SymInt and SymBool values only"
+        f"MLX cannot carry {', '.join(dict.fromkeys(names))}, a float number read from a tensor at "
+        "run time (.item()): an MLX program carries tensors, integers and bools only"
     )
 
 
@@ -210,8 +215,8 @@ def unwritten_output_read(node: torch.fx.Node) -> Optional[str]:
     if not read:
         return None
     return (
-        f"reads output {', '.join(map(str, read))} ({what}), which ExecuTorch 1.5.1's MLX lowering "
-        "of this op never writes"
+        f"the model reads output {', '.join(map(str, read))} ({what}) of this op, which ExecuTorch "
+        "1.5.1's MLX lowering never writes"
     )
 
 
@@ -236,7 +241,10 @@ def integer_matmul_or_conv(node: torch.fx.Node) -> Optional[str]:
     integers = sorted(str(d).removeprefix("torch.") for d in dtypes if not d.is_floating_point)
     if not integers:
         return None
-    return f"{', '.join(integers)} operands: MLX's matmul and conv take floating types only"
+    return (
+        f"MLX's matmul and conv take floating types only, and this op has {', '.join(integers)} operands; "
+        "cast them to float in the model to delegate it"
+    )
 
 
 # Arguments stock 1.5.1's MLX handlers never read, with the only value they honour.
@@ -269,7 +277,10 @@ def ignored_argument(node: torch.fx.Node) -> Optional[str]:
     value = _argument(node, name, honoured)
     if value == honoured:
         return None
-    return f"{name}={value}: ExecuTorch 1.5.1's MLX handler ignores {name} (it computes {name}={honoured})"
+    return (
+        f"ExecuTorch 1.5.1's MLX handler ignores {name} (it computes {name}={honoured}), and this call "
+        f"passes {name}={value}"
+    )
 
 
 def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
@@ -285,7 +296,7 @@ def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
     if not floor or not isinstance(value, torch.Tensor) or value.dtype.is_floating_point:
         return None
     return (
-        f"{str(value.dtype).removeprefix('torch.')} floor division: the MLX runtime divides "
+        f"MLX would get this {str(value.dtype).removeprefix('torch.')} floor division wrong: it divides "
         "integers through mlx::divide, which returns float (7 // 2 gives 3.5)"
     )
 
@@ -326,8 +337,8 @@ def nearest_rows_unlike_torch(node: torch.fx.Node) -> Optional[str]:
     if torch.equal(_nearest_sources(node, *sizes[:2]), _stock_nearest_sources(node, *sizes)):
         return None
     return (
-        "nearest upsampling reads other source rows or columns than torch: ExecuTorch 1.5.1's MLX "
-        "handler steps by 1 / scale in float64 where torch rounds in float32"
+        "MLX's nearest upsampling would read other source rows or columns than torch: ExecuTorch "
+        "1.5.1's MLX handler steps by 1 / scale in float64 where torch rounds in float32"
     )
 
 
@@ -372,4 +383,7 @@ def _dead_only_to_stock(node: torch.fx.Node) -> str | None:
     refused = next((u for u in node.users if first_refusal(u, RULES)), None)
     if refused is None:
         return None
-    return f"MLX has no handler for {op_name(node.target)}, and its user {refused.name} runs on the CPU"
+    return (
+        f"MLX has no handler for {op_name(node.target)} of its own, and its user {refused.name} runs "
+        "on the CPU, so it does too"
+    )

@@ -14,4 +14,4 @@ class PortableBackend(Backend):
         return BackendPartition(partitions={})
 
     def default_cpu_reason(self, node) -> str:
-        return "portable backend: every op runs on the CPU kernels"
+        return "the portable backend runs every op on the CPU; pick a delegate backend (xnnpack, coreml, mlx) to delegate it"

@@ -29,7 +29,7 @@ class _WhyCollector(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         why = record.msg
         if isinstance(why, WhyNoPartition) and why.node is not None:
-            self.reasons.setdefault(why.node.name, why.reason)
+            self.reasons.setdefault(why.node.name, f"XNNPACK's partitioner refused it: {why.reason}")
 
 
 @contextlib.contextmanager
@@ -83,5 +83,5 @@ class XnnpackBackend(Backend):
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         target = format_target_name(getattr(node.target, "__name__", str(node.target)))
         if target in self.partitioner.target_partitioner_configs:
-            return f"XNNPACK's {target} config refused this node (dtype, shape or arguments)"
+            return f"XNNPACK takes {target}, but not with these dtypes, shapes or arguments"
         return f"XNNPACK does not support {target}"

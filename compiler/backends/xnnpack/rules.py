@@ -71,12 +71,13 @@ _GEMM_ARGUMENTS = {
 }
 
 WEIGHT_ONLY_REASON = (
-    "XNNPACK 1.5.1 drops the scales of a dequantize_affine outside a dynamically quantized "
-    "GEMM (x @ qdata.T), so it becomes plain cast, sub and mul ops"
+    "XNNPACK 1.5.1 drops the scales of a weight-only dequantize_affine (one outside a dynamically "
+    "quantized GEMM, x @ qdata.T), so the CPU dequantizes the weight with plain cast, sub and mul ops"
 )
 GEMM_REASON = (
-    "its weight is dequantized by plain ops (weight-only quantization) and XNNPACK's float "
-    "GEMMs take static weights only; Int8DynamicActivationIntxWeightConfig runs on XNNPACK"
+    "XNNPACK's float matrix multiplies take constant weights only, and this weight is dequantized "
+    "on the CPU (weight-only quantization); quantize with torchao's "
+    "Int8DynamicActivationIntxWeightConfig to run it on XNNPACK"
 )
 # Ops between a dequantized weight and the GEMM reading it (linear decomposes to permute + addmm).
 _WEIGHT_LAYOUT_OPS = {"aten.permute_copy.default", "aten.t_copy.default", "aten.view_copy.default"}
@@ -308,8 +309,8 @@ def tanh_gelu_as_plain_ops(program: ExportedProgram) -> int:
 
 
 COPY_LEAVES_DELEGATE = (
-    "a copy whose result leaves the delegate: XNNPACK elides copies, which would make its output "
-    "a pass-through of another value (stock: 'Output node ... is already in the inputs')"
+    "XNNPACK drops copies, and this is a copy whose result leaves the delegate: its output would "
+    "be another value passed through (stock: 'Output node ... is already in the inputs')"
 )
 
 
@@ -356,7 +357,10 @@ def addmm_scaled(node: torch.fx.Node) -> Optional[str]:
     if not off:
         return None
     shown = ", ".join(f"{name}={value}" for name, value in off.items())
-    return f"{shown}: XNNPACK 1.5.1's addmm visitor ignores beta and alpha (it computes bias + input @ weight)"
+    return (
+        f"XNNPACK 1.5.1 would compute this addmm ({shown}) wrongly: its addmm visitor ignores beta and "
+        "alpha (it computes bias + input @ weight)"
+    )
 
 
 def max_dim_stock_cannot_pool(node: torch.fx.Node) -> Optional[str]:
@@ -369,7 +373,10 @@ def max_dim_stock_cannot_pool(node: torch.fx.Node) -> Optional[str]:
     dim, keepdim = _argument(node, 1, "dim", None), _argument(node, 2, "keepdim", False)
     if dim in (2, 3) and keepdim is True and len(node.args) == 3:
         return None
-    return f"max.dim with dim={dim}, keepdim={keepdim}: XNNPACK 1.5.1 pools only dim 2 or 3 with keepdim=True"
+    return (
+        f"XNNPACK 1.5.1 cannot take max.dim with dim={dim}, keepdim={keepdim}: it pools only dim 2 or 3 "
+        "with keepdim=True"
+    )
 
 
 # Ops stock's ChannelsLastTaggedReshapePass lowers in NHWC, asserting their input is 4-D,
@@ -387,7 +394,10 @@ def nhwc_op_not_4d(node: torch.fx.Node) -> Optional[str]:
     value = node.args[0].meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dim() == 4:
         return None
-    return f"a {value.dim()}-D input: XNNPACK 1.5.1 lowers {op_name(node.target)} in NHWC, 4-D inputs only"
+    return (
+        f"XNNPACK 1.5.1 takes {op_name(node.target)} of 4-D inputs only (it lowers it in NHWC), and this "
+        f"input is {value.dim()}-D; reshape it to 4-D in the model to delegate it"
+    )
 
 
 def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
@@ -408,8 +418,9 @@ def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
     if all(isinstance(size, int) and size * scale == out for size, out, scale in sizes):
         return None
     return (
-        f"scale_factors={list(scales)} with an output of another ratio: XNNPACK 1.5.1's bilinear "
-        "resize ignores them (it samples at input / output size steps, torch at 1 / scale)"
+        f"XNNPACK 1.5.1 would resize with other values than torch: scale_factors={list(scales)} give an "
+        "output of another ratio, and its bilinear resize ignores them (it samples at input / output "
+        "size steps, torch at 1 / scale); pass size= instead of scale_factor= to delegate it"
     )
 
 
