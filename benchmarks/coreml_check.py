@@ -39,7 +39,8 @@ import torch  # noqa: E402
 import compiler  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
-from compiler.runtime import CheckResult, LoadedProgram, Tolerance, compare_with_eager  # noqa: E402
+from compiler.runtime import CheckResult, LoadedProgram, compare_with_eager  # noqa: E402
+from compiler.tolerance import Tolerance  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 DEFAULT_MARKDOWN = os.path.join(RESULTS, "coreml_check.md")

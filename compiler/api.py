@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 import torch
 from torch.utils import _pytree as pytree
 
 from compiler import backends
-from compiler.backends.base import Backend
 from compiler.config import CompileConfig, dependency_versions, split_options
-from compiler.driver import Pipeline, PipelineRun
-from compiler.instruments import instruments_for
-from compiler.ir.artifacts import AtenProgram, EagerModel, ExecutorchProgram, PlannedProgram
+from compiler.dependency_output import DependencyOutput
 from compiler.ir.errors import ResumeError, UserInputError
-from compiler.ir.report import Override, Report
-from compiler.ir.serialize import StageFile, load_stage_file
-from compiler.stages import DEFAULT_STAGES
+
+if TYPE_CHECKING:
+    from compiler.backends.base import Backend
+    from compiler.driver import PipelineRun
+    from compiler.ir.artifacts import EagerModel, ExecutorchProgram
+    from compiler.ir.report import Override, Report
+    from compiler.ir.serialize import StageFile
 
 
 @attrs.frozen
@@ -65,6 +66,8 @@ def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any) -> EagerM
                 stage="capture",
                 hint="convert it to a torch.Tensor (e.g. torch.from_numpy)",
             )
+    from compiler.ir.artifacts import EagerModel
+
     return EagerModel(model, tuple(example_inputs), dynamic_shapes)
 
 
@@ -80,6 +83,20 @@ def run_pipeline(
 ) -> PipelineRun:
     """Like `compile`, but returns the run itself: the last artifact, the report, every stage's artifact."""
     given, run = split_options(options)
+    if not run.capture_dependency_output:
+        return _run_pipeline(model, example_inputs, backend, backend_options, dynamic_shapes, config, given, run, None)
+    with DependencyOutput() as output:
+        return _run_pipeline(model, example_inputs, backend, backend_options, dynamic_shapes, config, given, run, output)
+
+
+def _run_pipeline(model, example_inputs, backend, backend_options, dynamic_shapes, config, given, run, output):
+    # Imported here, inside the capture: ExecuTorch, torchao and coremltools talk when they load.
+    from compiler.backends.base import Backend
+    from compiler.driver import Pipeline
+    from compiler.instruments import StageMessages, instruments_for
+    from compiler.ir.serialize import load_stage_file
+    from compiler.stages import DEFAULT_STAGES
+
     backend_obj = backend if isinstance(backend, Backend) else None
     backend_name = backend_obj.name if backend_obj else backend
     if backend_obj and backend_options:
@@ -108,20 +125,13 @@ def run_pipeline(
         artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes), None
 
     backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
+    instruments = instruments_for(run)
+    if output is not None:
+        instruments.insert(0, StageMessages(output))
     result = Pipeline(DEFAULT_STAGES).run(
-        artifact,
-        backend_obj,
-        chosen,
-        instruments_for(run),
-        start_after=start_after,
-        stop_after=run.stop_after,
+        artifact, backend_obj, chosen, instruments, start_after=start_after, stop_after=run.stop_after
     )
-    report = attrs.evolve(
-        result.report,
-        versions=versions,
-        resumed_from=run.resume_from,
-        overrides=overrides,
-    )
+    report = attrs.evolve(result.report, versions=versions, resumed_from=run.resume_from, overrides=overrides)
     return attrs.evolve(result, report=report)
 
 
@@ -134,6 +144,8 @@ def _resumed_config(
 ) -> CompileConfig:
     """The recorded configuration with what the caller gave on top: a whole `config`
     replaces it, a backend option replaces that one option, a stage option that option."""
+    from compiler.ir.artifacts import AtenProgram, PlannedProgram
+
     recorded = stage_file.config
     chosen = (config or recorded).with_options(given)
     if backend and backend != recorded.backend:
@@ -159,6 +171,8 @@ def _resumed_config(
 
 def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix: str = "") -> tuple[Override, ...]:
     """The options whose JSON differs between two configurations, by dotted name."""
+    from compiler.ir.report import Override
+
     found: list[Override] = []
     for key in sorted(set(recorded) | set(chosen)):
         old, new = recorded.get(key), chosen.get(key)
@@ -186,6 +200,8 @@ def compile(model: torch.nn.Module | None, example_inputs: Any = None, backend: 
 
 def finish(result: PipelineRun) -> Any:
     """The user-facing value of a pipeline run: an Artifact if it reached emit."""
+    from compiler.ir.artifacts import ExecutorchProgram
+
     if isinstance(result.result, ExecutorchProgram):
         return Artifact(result.result, result.report, result.artifacts)
     return result.result

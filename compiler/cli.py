@@ -3,7 +3,9 @@
 The option flags are generated from `compiler.config.options()` (one flag per
 option, under the option's own name), so the CLI cannot offer what the API does
 not. This module is the only one that prints for the user, spells options as
-flags, or decides an exit code.
+flags, or decides an exit code. It imports no torch when it loads: `--help`,
+`examples` and a mistyped argument answer at once, and every path the user gave
+is checked before the compile starts; each command imports what it runs.
 """
 
 from __future__ import annotations
@@ -11,24 +13,39 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
-from compiler import api, backends, config, runtime
-from compiler.examples import EXAMPLES, MODELS, describe, resolve_model
+import attrs
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from compiler import backends, catalog, config
 from compiler.ir.errors import CompileError, UserInputError
-from compiler.ir.serialize import save_stage_file, can_save
+from compiler.tolerance import FLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE
 
 RESUME = "python -m compiler compile --resume-from {path}"
+DEFAULT_BACKEND = config.CompileConfig().backend
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m compiler", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    # What every command that works prints: -q, -v, --traceback.
+    talk = argparse.ArgumentParser(add_help=False)
+    loudness = talk.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (and a failed check)")
+    loudness.add_argument(
+        "-v", "--verbose", action="count", default=0,
+        help="-v: our log at INFO and what dependencies printed; -vv: our log at DEBUG",
+    )
+    talk.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
 
-    compile_cmd = commands.add_parser("compile", help="compile a model to an ExecuTorch .pte")
+    compile_cmd = commands.add_parser("compile", parents=[talk], help="compile a model to an ExecuTorch .pte")
     compile_cmd.add_argument(
         "model",
         nargs="?",
@@ -38,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument(
         "--backend",
         choices=backends.available(),
-        help="where the program runs (default: portable; with --resume-from: the recorded one)",
+        help=f"where the program runs (default: {DEFAULT_BACKEND}; with --resume-from: the recorded one)",
     )
     compile_cmd.add_argument(
         "--backend-option",
@@ -47,31 +64,49 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="an option of the backend's partitioner (VALUE is read as JSON, else as a string)",
     )
-    compile_cmd.add_argument("-o", "--output", help="write the .pte here (with --stop-after: the stage file)")
+    compile_cmd.add_argument(
+        "-o", "--output", metavar="FILE",
+        help="write the .pte here (with --stop-after: the stage file); without it nothing is written",
+    )
     _add_option_flags(compile_cmd)
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     _add_tolerance_flag(compile_cmd, "--check")
-    compile_cmd.add_argument("--report-json", metavar="FILE", help="also write the report as JSON")
-    compile_cmd.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
-    compile_cmd.add_argument("-v", "--verbose", action="store_true", help="log what the stages do")
+    compile_cmd.add_argument(
+        "--report-json", metavar="FILE",
+        help="write the whole report as JSON: model, backend and options, versions, stages, placement per node, check",
+    )
+    compile_cmd.add_argument(
+        "--report-html", metavar="FILE",
+        help="write the report as one self-contained HTML page, with the graph coloured by where each node runs",
+    )
 
     run_cmd = commands.add_parser(
-        "run",
+        "run", parents=[talk],
         help="run any .pte (ours, or one built elsewhere, e.g. by stock ExecuTorch) on a model's example "
         "inputs and compare with eager PyTorch",
     )
     run_cmd.add_argument("program", metavar="PROGRAM.pte")
     run_cmd.add_argument("model", help="the model the program was built from, as compile's MODEL")
     _add_tolerance_flag(run_cmd, "the comparison")
-    run_cmd.add_argument("--traceback", action="store_true", help="show the full traceback on errors")
 
     commands.add_parser("examples", help="list the built-in example models")
 
+    visualize_cmd = commands.add_parser(
+        "visualize", parents=[talk],
+        help="open Google's Model Explorer on a .pte or a .stage file (pip install -e '.[explorer]')",
+    )
+    visualize_cmd.add_argument("file", metavar="FILE", help="a .pte, or a .stage file from --dump-dir / --stop-after")
+    visualize_cmd.add_argument("--port", type=int, help="the Model Explorer server's port (default: a free one)")
+    visualize_cmd.add_argument(
+        "--no-browser", action="store_true", help="print the address instead of opening a browser"
+    )
+
     fuzz_cmd = commands.add_parser(
-        "fuzz", help="compile random programs with ours and stock ExecuTorch; compare both with eager"
+        "fuzz", parents=[talk], help="compile random programs with ours and stock ExecuTorch; compare both with eager"
     )
     fuzz_cmd.add_argument(
-        "--backend", choices=backends.available(), help="default: portable (with --replay: the file's backend)"
+        "--backend", choices=backends.available(),
+        help=f"default: {DEFAULT_BACKEND} (with --replay: the file's backend)",
     )
     fuzz_cmd.add_argument("--examples", type=int, default=100, help="how many programs to draw")
     fuzz_cmd.add_argument("--seed", type=int, default=0, help="the same seed draws the same programs")
@@ -85,8 +120,8 @@ def _parser() -> argparse.ArgumentParser:
 def _add_tolerance_flag(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--tolerance", type=float, default=None,
-        help=f"max abs error {what} accepts (default: {runtime.FLOAT32_ABSOLUTE:g} for a program computing "
-        f"in float32; {runtime.FLOAT16_OF_LARGEST:g} x the largest eager output when a delegate computes "
+        help=f"max abs error {what} accepts (default: {FLOAT32_ABSOLUTE:g} for a program computing "
+        f"in float32; {FLOAT16_OF_LARGEST:g} x the largest eager output when a delegate computes "
         "in float16)",
     )
 
@@ -152,61 +187,268 @@ def given_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
-def _compile(args: argparse.Namespace) -> int:
+class Terminal:
+    """Where the CLI talks: the report on stdout, progress, logs and errors on stderr.
+
+    The stderr stream is a duplicate of file descriptor 2 taken at start, as the compile
+    points descriptor 2 elsewhere while it runs (to keep dependencies quiet). Live progress
+    redraws only on a terminal without NO_COLOR; otherwise each stage is one plain line.
+    """
+
+    def __init__(self, verbosity: int) -> None:
+        self.verbosity = verbosity  # -1 quiet, 0 default, 1 -v, 2 -vv
+        stream = _duplicate(sys.stderr)
+        self.live = stream.isatty() and "NO_COLOR" not in os.environ
+        self.err = Console(file=stream, highlight=False, soft_wrap=True, no_color="NO_COLOR" in os.environ)
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+        self.messages: list[tuple[str, tuple[str, ...]]] = []  # (while doing what, lines) captured outside stages
+
+    def say(self, text: str = "") -> None:
+        if self.verbosity >= 0:
+            self.out.print(text, highlight=False, markup=False)
+
+    def check(self, check) -> None:
+        """A check's result is the command's answer: on stdout, and even with -q when it failed."""
+        if self.verbosity >= 0 or not check.passed:
+            self.out.print(check.describe(), highlight=False, markup=False)
+
+    def quietly(self, doing: str, work, *args, **kwargs):
+        """Runs `work` with the dependencies' output captured (shown with -v)."""
+        from compiler.dependency_output import DependencyOutput
+
+        output = DependencyOutput()
+        try:
+            with output, self.err.status(doing) if self.live and self.verbosity >= 0 else _nothing():
+                return work(*args, **kwargs)
+        finally:
+            self.messages.append((doing, output.leftover))
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        if self.verbosity < 0:
+            return
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+        for name in header:
+            table.add_column(name, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        with self.out.capture() as drawn:
+            self.out.print(table)
+        # rich pads every cell to its column's width; trailing blanks only get in the way of a copy.
+        self.out.file.write("".join(line.rstrip() + "\n" for line in drawn.get().splitlines()))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+def _duplicate(stream: IO[str]) -> IO[str]:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return stream  # not a real file (a test's capture): the compile leaves it alone
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None), errors="replace")
+
+
+def _setup_logging(terminal: Terminal) -> None:
+    """Our log on stderr, at WARNING by default, INFO with -v, DEBUG with -vv, ERROR with -q."""
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("compiler")
+    handler: logging.Handler
+    if terminal.live:
+        handler = RichHandler(console=terminal.err, show_time=False, show_path=False)
+    else:
+        handler = logging.StreamHandler(terminal.err.file)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel({-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(terminal.verbosity, logging.DEBUG))
+
+
+def _file_to_write(flag: str, path: str | None) -> str | None:
+    """A file the run will write: its folder is made now, and a place that cannot be written
+    is an error before any work starts, not after the compile."""
+    if path is None:
+        return None
+    path = os.path.expanduser(path)
+    if os.path.isdir(path):
+        raise UserInputError(
+            f"{flag} {path!r} is a folder", hint=f"give {flag} a file name, e.g. {os.path.join(path, 'model.pte')}"
+        )
+    _folder_to_write(flag, os.path.dirname(os.path.abspath(path)), path)
+    return path
+
+
+def _folder_to_write(flag: str, folder: str, given: str | None = None) -> str:
+    """A folder the run will write into (`given`: the file in it the user named)."""
+    folder = os.path.expanduser(folder)
+    named = f"{flag} {given or folder!r}"
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise UserInputError(
+            f"{named}: cannot create the folder {folder!r} ({exc.strerror})",
+            hint=f"give {flag} a place under a folder you can write to",
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserInputError(
+            f"{named}: the folder {folder!r} is not writable", hint=f"give {flag} a place under a folder you can write to"
+        )
+    return folder
+
+
+def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     resume_from = getattr(args, "resume_from", None)
     if not args.model and not resume_from:
         raise UserInputError("compile needs a MODEL (or --resume-from FILE)", hint="see `python -m compiler examples`")
     if args.check and not args.model:
         raise UserInputError("--check needs the MODEL to compare with", hint="pass MODEL along with --resume-from")
-    module, inputs, dynamic_shapes = resolve_model(args.model) if args.model else (None, None, None)
-    use_model = not resume_from
-    run = api.run_pipeline(
-        module if use_model else None,
-        inputs if use_model else None,
-        args.backend,
-        backend_options=_backend_options(args.backend_option) or None,
-        dynamic_shapes=dynamic_shapes,
-        **given_options(args),
+    if args.model:
+        catalog.check_model_spec(args.model)
+    if resume_from and not os.path.isfile(resume_from):
+        raise UserInputError(f"--resume-from {resume_from!r}: the stage file does not exist", hint="give a .stage file "
+                             "written by --stop-after, --dump-dir or a failed compile")
+    output = _file_to_write("-o", args.output)
+    report_json = _file_to_write("--report-json", args.report_json)
+    report_html = _file_to_write("--report-html", args.report_html)
+    given = given_options(args)
+    if "dump_dir" in given:
+        given["dump_dir"] = _folder_to_write("--dump-dir", given["dump_dir"])
+    if "reproducer_dir" in given:
+        given["reproducer_dir"] = _folder_to_write("--reproducer-dir", given["reproducer_dir"])
+    elif "dump_dir" not in given:
+        from compiler.instruments import default_reproducer_dir
+
+        given["reproducer_dir"] = default_reproducer_dir()
+    backend_options = _backend_options(args.backend_option) or None
+
+    from compiler import api
+    from compiler.examples import resolve_model
+    from compiler.progress import LiveProgress
+
+    module, inputs, dynamic_shapes = (
+        terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
+    use_model = not resume_from
+    instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
+    try:
+        run = api.run_pipeline(
+            module if use_model else None,
+            inputs if use_model else None,
+            args.backend,
+            backend_options=backend_options,
+            dynamic_shapes=dynamic_shapes,
+            instruments=instruments,
+            **given,
+        )
+    except CompileError as error:
+        terminal.messages.append((f"compiling (stage {error.stage})", error.dependency_messages))
+        raise
     result = api.finish(run)
+    report = attrs.evolve(run.report, model=args.model)
 
-    if run.report.resumed_from:
-        print(run.report.format_resume() + "\n")
-    print(run.report.format_stages())
-    if run.report.placement:
-        print()
-        print(run.report.format_placement())
-    if args.report_json:
-        with open(args.report_json, "w") as f:
-            json.dump(run.report.to_json(), f, indent=2)
-
-    status = 0
+    status, check = 0, None
     if isinstance(result, api.Artifact):
-        if args.output:
-            result.save(args.output)
-            print(f"\nwrote {args.output} ({len(result.pte)} bytes)")
+        if output:
+            result.save(output)
         if args.check:
-            check = runtime.compare_with_eager(result, module, inputs, tolerance=args.tolerance)
-            print(check.describe())
+            from compiler import runtime
+
+            check = terminal.quietly("checking against eager", runtime.compare_with_eager, result, module, inputs,
+                                     tolerance=args.tolerance)
+            report = attrs.evolve(report, check=check.to_json())
             status = 0 if check.passed else 1
-    else:
-        stage = run.report.stages[-1].stage
-        if args.output and can_save(result):
-            save_stage_file(args.output, result, stage, run.config)
-            print(f"\nstopped after {stage}; wrote {args.output}")
+    elif output:
+        from compiler.ir.serialize import can_save, save_stage_file
+
+        if can_save(result):
+            save_stage_file(output, result, report.stages[-1].stage, run.config)
         else:
-            print(f"\nstopped after {stage}")
+            output = None
+
+    _print_report(terminal, report)
+    if report_json:
+        with open(report_json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+    if report_html:
+        from compiler.html_report import render_html
+
+        with open(report_html, "w") as f:
+            f.write(render_html(report, run.artifacts.get("partition")))
+    _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
     return status
 
 
-def _run(args: argparse.Namespace) -> int:
-    module, inputs, _ = resolve_model(args.model)
-    check = runtime.compare_with_eager(args.program, module, inputs, tolerance=args.tolerance)
-    print(check.describe())
+def _print_report(terminal: Terminal, report) -> None:
+    if report.resumed_from:
+        terminal.say(report.format_resume() + "\n")
+    terminal.table(*report.stage_rows())
+    if report.placement:
+        terminal.say("\n" + report.format_shares())
+        terminal.table(*report.placement_rows())
+        if report.placement_note():
+            terminal.say(report.placement_note())
+    if terminal.verbosity >= 1:
+        _print_messages(terminal, [(f"stage {r.stage}", r.messages) for r in report.stages])
+
+
+def _print_messages(terminal: Terminal, groups: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """What dependencies printed, warned or logged (-v), by what was running."""
+    groups = [(doing, lines) for doing, lines in [*terminal.messages, *groups] if lines]
+    if not groups:
+        return
+    terminal.err.print("\n[bold]what dependencies printed[/] (kept off the terminal without -v):")
+    for doing, lines in groups:
+        terminal.err.print(f"  while {doing}:", highlight=False)
+        for line in lines:
+            terminal.err.print(f"    {line}", highlight=False, markup=False)
+
+
+def _print_outcome(terminal: Terminal, result, report, output, check, reports: Sequence[str]) -> None:
+    from compiler import api
+
+    if isinstance(result, api.Artifact):
+        written = f"wrote {output} ({len(result.pte)} bytes)" if output else "nothing written: give -o FILE.pte to save the program"
+    else:
+        stage = report.stages[-1].stage
+        written = f"stopped after {stage}; " + (f"wrote {output}" if output else "nothing written (-o FILE.stage saves it)")
+    terminal.say("\n" + written)
+    for path in reports:
+        terminal.say(f"wrote {path}")
+    if check is not None:
+        terminal.check(check)
+
+
+def _run(args: argparse.Namespace, terminal: Terminal) -> int:
+    catalog.check_model_spec(args.model)
+    if not os.path.isfile(args.program):
+        raise UserInputError(f"PROGRAM {args.program!r} does not exist", hint="give the path of a .pte file")
+    from compiler import runtime
+    from compiler.examples import resolve_model
+
+    module, inputs, _ = terminal.quietly("building the model", resolve_model, args.model)
+    check = terminal.quietly("running the program and eager", runtime.compare_with_eager, args.program, module,
+                             inputs, tolerance=args.tolerance)
+    terminal.check(check)
+    if terminal.verbosity >= 1:
+        _print_messages(terminal, [])
     return 0 if check.passed else 1
 
 
-def _fuzz(args: argparse.Namespace) -> int:
+def _visualize(args: argparse.Namespace, terminal: Terminal) -> int:
+    if not os.path.isfile(args.file):
+        raise UserInputError(f"FILE {args.file!r} does not exist", hint="give a .pte or a .stage file")
+    from compiler.visualize import visualize
+
+    visualize(args.file, port=args.port, open_browser=not args.no_browser)
+    return 0
+
+
+def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
     from compiler.fuzz import campaign, oracle
 
     if args.replay:
@@ -214,32 +456,40 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     def progress(case: campaign.Case) -> None:
         stock = f" | stock: {case.stock.kind}" if case.stock else ""
-        print(f"{case.number:4} {case.ours.kind}{stock}", flush=True)
+        terminal.say(f"{case.number:4} {case.ours.kind}{stock}")
 
     run = campaign.run(
-        args.backend or "portable", args.examples, args.seed, out_dir=args.out_dir,
+        args.backend or DEFAULT_BACKEND, args.examples, args.seed, out_dir=args.out_dir,
         with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress,
     )
-    print(f"\n{run.table()}\n\n{run.details()}")
+    terminal.say(f"\n{run.table()}\n\n{run.details()}")
     for case in run.failures + run.shrunk:
-        print(f"reproducer: {case.reproducer} ({case.ours.kind})")
+        terminal.say(f"reproducer: {case.reproducer} ({case.ours.kind})")
     return 1 if run.failures else 0
+
+
+def _examples(terminal: Terminal) -> int:
+    entries = catalog.models().values()
+    width = max(len(entry.name) for entry in entries)
+    for entry in entries:
+        extra = " (needs pip install -e '.[models]')" if entry.needs_models_extra else ""
+        terminal.say(f"{entry.name:{width}}  {entry.description}{extra}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("compiler").setLevel(logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+    terminal = Terminal(-1 if getattr(args, "quiet", False) else getattr(args, "verbose", 0))
+    _setup_logging(terminal)
     if args.command == "examples":
-        width = max(map(len, MODELS))
-        for name in MODELS:
-            extra = "" if name in EXAMPLES else " (needs pip install -e '.[models]')"
-            print(f"{name:{width}}  {describe(name)}{extra}")
-        return 0
+        return _examples(terminal)
+    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "fuzz": _fuzz}
     try:
-        return {"fuzz": _fuzz, "run": _run}.get(args.command, _compile)(args)
+        return commands[args.command](args, terminal)
     except CompileError as error:
         if args.traceback:
-            traceback.print_exc()
-        print(f"error: {render_error(error)}", file=sys.stderr)
+            traceback.print_exc(file=terminal.err.file)
+        terminal.err.print(f"error: {render_error(error)}", highlight=False, markup=False)
+        if terminal.verbosity >= 1:
+            _print_messages(terminal, [])
         return 2

@@ -198,6 +198,9 @@ class RunOptions:
     verify: bool = option(True, "check each stage's output against its artifact type's invariants")
     dump_dir: str | None = option(None, "write each stage's graph and resumable stage file here", kind=str, metavar="DIR")
     print_after_change: bool | TextIO = option(False, "print a stage's graph after it when it changed it", kind=bool)
+    capture_dependency_output: bool = option(
+        True, "keep what dependencies print, warn and log off the terminal: it goes into the report's stage messages"
+    )
     stop_after: str | None = option(None, "stop after this stage and return its artifact", kind=str, choices=STAGE_NAMES)
     resume_from: str | None = option(
         None, "continue the run recorded in this stage file (its backend and options, unless given)", kind=str, metavar="FILE"

@@ -8,6 +8,7 @@ recorded for it, plus the numbers the stage itself reported.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +21,7 @@ from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFa
 from compiler.ir.report import Report, StageRecord
 from compiler.stages.base import Stage, StageContext
 
+logger = logging.getLogger(__name__)
 
 # torch.export, ExecuTorch's passes and coremltools keep process-wide tracing state (torch's
 # proxy-mode slot, coremltools' MIL builder context): two stages tracing at once in two
@@ -80,13 +82,15 @@ class Pipeline:
         for stage in self.stages[start : stop + 1]:
             ctx = StageContext(backend, config.options_for(stage.name))
             artifact = self._run_stage(stage, artifact, ctx, instruments)
-            records.append(_stage_record(stage.name, ctx.metrics, instruments))
+            record = _stage_record(stage.name, ctx.metrics, instruments)
+            logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)
+            records.append(record)
             artifacts[stage.name] = artifact
         for instrument in reversed(instruments):
             instrument.after_pipeline(artifact)
 
         plan = getattr(artifact, "plan", None)
-        report = Report(tuple(records), plan.summary() if plan else (), config.to_json())
+        report = Report(tuple(records), plan.summary() if plan else (), config.to_json(), plan=plan)
         return PipelineRun(artifact, report, artifacts, config)
 
     @staticmethod

@@ -10,13 +10,13 @@ import ast
 import functools
 import importlib.util
 import inspect
-import os
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from compiler import model_suite
+from compiler.catalog import check_model_spec
 from compiler.ir.errors import UserInputError
 
 
@@ -142,29 +142,18 @@ EXAMPLES: dict[str, Callable] = {
 MODELS: dict[str, Callable] = {**EXAMPLES, **model_suite.SUITE}
 
 
-def describe(name: str) -> str:
-    factory = MODELS[name]
-    params = inspect.signature(factory).parameters.values()
-    defaults = ", ".join(f"{p.name}={p.default}" for p in params)
-    return f"{factory.__doc__.strip()} [{defaults}]"
-
 
 def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
     """`name[:key=value,...]` for a built-in example, or `path/to/file.py:factory`.
 
     A factory returns `(module, example_inputs)` or `(module, example_inputs, dynamic_shapes)`.
     """
+    check_model_spec(spec)
     head, _, tail = spec.partition(":")
-    if head.endswith(".py") or os.sep in head:
-        factory = _factory_from_file(head, tail, spec)
-        kwargs: dict[str, Any] = {}
-    elif head in MODELS:
+    if head in MODELS:
         factory, kwargs = MODELS[head], _parse_kwargs(tail, spec)
     else:
-        raise UserInputError(
-            f"MODEL {spec!r} is neither a built-in example nor path/to/file.py:factory",
-            hint=f"built-in models: {', '.join(MODELS)} (see `python -m compiler examples`)",
-        )
+        factory, kwargs = _factory_from_file(head, tail), {}
     try:
         made = factory(**kwargs)
     except Exception as exc:
@@ -194,13 +183,7 @@ def _parse_kwargs(text: str, spec: str) -> dict[str, Any]:
     return kwargs
 
 
-def _factory_from_file(path: str, name: str, spec: str) -> Callable:
-    if not os.path.isfile(path):
-        raise UserInputError(f"MODEL file {path!r} does not exist", hint="give path/to/file.py:factory")
-    if not name:
-        raise UserInputError(
-            f"MODEL {spec!r} names no factory", hint="give path/to/file.py:factory, a function in that file"
-        )
+def _factory_from_file(path: str, name: str) -> Callable:
     module_spec = importlib.util.spec_from_file_location(f"_compiler_model_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(module_spec)
     try:

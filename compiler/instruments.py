@@ -19,12 +19,17 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
-from typing import Any, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from compiler.config import CompileConfig, RunOptions, dependency_versions
-from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import CompileError
-from compiler.ir.serialize import SUFFIX, can_save, save_stage_file
+
+# The stage-file serializer (and with it ExecuTorch) is imported on first use, inside the
+# hooks that write files: the CLI builds its instruments before the compile captures
+# ExecuTorch's import-time output.
+
+if TYPE_CHECKING:
+    from compiler.dependency_output import DependencyOutput
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +156,9 @@ class DumpStages(Instrument):
         return os.path.join(self.directory, f"{self.index[stage]:02d}-{stage}{suffix}")
 
     def after_stage(self, stage, before, after):
+        from compiler.ir.artifacts import ExecutorchProgram
+        from compiler.ir.serialize import can_save
+
         with open(self.path(stage, ".txt"), "w") as f:
             f.write(after.graph_text())
         if can_save(after):
@@ -163,6 +171,8 @@ class DumpStages(Instrument):
     def _save_stage_file(self, stage: str, artifact: Any) -> None:
         """A dump is a debugging aid: a program the serializer cannot write costs that one
         `.stage` file (the `.txt` is written), never the compile the user asked for."""
+        from compiler.ir.serialize import SUFFIX, save_stage_file
+
         path = self.path(stage, SUFFIX)
         try:
             save_stage_file(path, artifact, stage, self.config)
@@ -233,6 +243,8 @@ class CrashReproducer(Instrument):
         self.config, self.stages = config, stages
 
     def on_failure(self, stage, artifact, error):
+        from compiler.ir.serialize import can_save
+
         position = self.stages.index(stage)
         if position == 0 or not can_save(artifact):
             return  # the input is the user's own model: nothing of theirs to lose
@@ -244,6 +256,8 @@ class CrashReproducer(Instrument):
             _keep_newest(self.directory, KEPT_REPRODUCERS)
 
     def _save(self, stage: str, produced_by: str, artifact: Any) -> str:
+        from compiler.ir.serialize import SUFFIX, save_stage_file
+
         os.makedirs(self.directory, exist_ok=True)
         if self.in_cache:
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
@@ -277,6 +291,25 @@ def _keep_newest(directory: str, count: int) -> None:
             pass
         except OSError as exc:
             logger.warning("could not remove the old reproducer %s: %s", name, exc)
+
+
+class StageMessages(Instrument):
+    """Files what dependencies printed under the stage that ran while it was written (registered
+    first, its hooks run last, so a stage's row also holds what the other instruments' hooks set
+    off, e.g. an import during verification); a failure carries what its stage printed."""
+
+    def __init__(self, output: "DependencyOutput") -> None:
+        self.output = output
+        self.messages: dict[str, tuple[str, ...]] = {}
+
+    def after_stage(self, stage, before, after):
+        self.messages[stage] = self.output.take()
+
+    def on_failure(self, stage, artifact, error):
+        error.dependency_messages = self.output.take()
+
+    def record(self, stage):
+        return {"messages": self.messages.get(stage, ())}
 
 
 def instruments_for(run: RunOptions) -> list[Instrument]:

@@ -17,10 +17,11 @@ module imports nothing from `compiler`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -305,3 +306,20 @@ def swap_coreml_converters(mapping: dict[str, Callable[..., None]]) -> dict[str,
     registry = _torch_ops_registry()
     previous, registry.name_to_func_mapping = registry.name_to_func_mapping, mapping
     return previous
+
+
+@contextlib.contextmanager
+def coreml_progress_bars(bar: Callable[..., Any]) -> Iterator[None]:
+    """coremltools draws tqdm bars on the terminal while it converts ops (`frontend.torch.ops.
+    _tqdm`) and runs its MIL pass pipelines (`mil.passes.pass_pipeline.tqdm`), with no option
+    to turn them off or to read their progress; `bar` (tqdm's call signature) stands in for
+    both while the block runs. Checked against coremltools 9.0."""
+    from coremltools.converters.mil.frontend.torch import ops
+    from coremltools.converters.mil.mil.passes import pass_pipeline
+
+    saved = ops._tqdm, pass_pipeline.tqdm
+    ops._tqdm = pass_pipeline.tqdm = bar
+    try:
+        yield
+    finally:
+        ops._tqdm, pass_pipeline.tqdm = saved

@@ -1,16 +1,19 @@
 """Backends by name. Each backend is its own package; this maps names to them.
 
 Packages are imported on first use, so a backend whose dependencies are heavy
-costs nothing until it is asked for.
+costs nothing until it is asked for; this module itself imports no torch, so the
+CLI can list the backends before torch loads.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.ir.errors import UserInputError
+
+if TYPE_CHECKING:
+    from compiler.backends.base import Backend
 
 _REGISTRY = {
     "portable": "compiler.backends.portable:PortableBackend",
@@ -61,6 +64,8 @@ def available() -> tuple[str, ...]:
 
 def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) -> Backend:
     """The backend object for a name (built with `options`) or a ready backend object."""
+    from compiler.backends.base import Backend
+
     if isinstance(backend, Backend):
         if options:
             raise UserInputError(
@@ -89,6 +94,14 @@ def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) ->
             f"backend {backend!r} does not take these options: {exc}",
             hint=f"its options are: {', '.join(known) or 'none'}",
         ) from exc
+
+
+def __getattr__(name: str):
+    if name in ("Backend", "BackendPartition", "KeepWhole"):
+        from compiler.backends import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'compiler.backends' has no attribute {name!r}")
 
 
 __all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "resolve", "runs_on"]

@@ -31,6 +31,8 @@ class CompileError(Exception):
         self.suggest = dict(suggest or {})
         # Filled by the crash reproducer: where the failing stage's input was saved.
         self.reproducer_path: Optional[str] = None
+        # Filled by the driver: what dependencies printed while the failing stage ran.
+        self.dependency_messages: tuple[str, ...] = ()
         super().__init__(reason)
 
     def __str__(self) -> str:

@@ -61,6 +61,7 @@ outputs are a flat list of tensors anyway.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
@@ -263,6 +264,43 @@ def return_types_as_tuples(ep: ExportedProgram) -> None:
         signature.out_spec = _structseqs_as_tuples(signature.out_spec)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _describe_inputs(inputs: tuple) -> str:
+    def one(leaf: Any) -> str:
+        if isinstance(leaf, torch.Tensor):
+            return f"Tensor{list(leaf.shape)} {str(leaf.dtype).removeprefix('torch.')}"
+        return type(leaf).__name__
+
+    return "(" + ", ".join(one(leaf) for leaf in pytree.tree_leaves(inputs)) + ")"
+
+
+def _capture_error(model: EagerModel, exc: Exception) -> CaptureError:
+    """Tells inputs that the model cannot take (eager fails too) from code export cannot
+    trace (eager runs): the two need different fixes."""
+    name = type(model.module).__name__
+    try:
+        with torch.no_grad():
+            model.module(*model.example_inputs)
+    except Exception as eager_exc:
+        return CaptureError(
+            f"{name} fails in eager PyTorch on the example inputs {_describe_inputs(model.example_inputs)}: "
+            f"{_first_line(eager_exc)}",
+            stage="capture",
+            hint="give example inputs of the shapes, dtypes and number forward() expects "
+            "(the chained exception is torch.export's error)",
+        )
+    return CaptureError(
+        f"torch.export could not capture {name}: {_first_line(exc)}",
+        stage="capture",
+        hint="make forward() traceable (no data-dependent Python control flow, "
+        "no unsupported Python objects); the chained exception is the full export error",
+    )
+
+
 class Capture(Stage, name="capture", takes=EagerModel, returns=AtenProgram, options=CaptureOptions):
     def run(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
         try:
@@ -274,14 +312,7 @@ class Capture(Stage, name="capture", takes=EagerModel, returns=AtenProgram, opti
                     strict=ctx.options.strict,
                 )
         except Exception as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise CaptureError(
-                f"torch.export could not capture {type(model.module).__name__}: "
-                f"{type(exc).__name__}: {first_line}",
-                stage=self.name,
-                hint="make forward() traceable (no data-dependent Python control flow, "
-                "no unsupported Python objects); the chained exception is the full export error",
-            ) from exc
+            raise _capture_error(model, exc) from exc
         return_types_as_tuples(program)
         buffers = mutated_constants_as_buffers(program)
         if buffers:

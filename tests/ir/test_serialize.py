@@ -93,7 +93,7 @@ def test_a_stage_file_the_serializer_refuses_costs_the_dump_not_the_compile(smal
         raise RuntimeError("Unable to serialize output")
 
     model, inputs = small_model
-    monkeypatch.setattr("compiler.instruments.save_stage_file", refuse)
+    monkeypatch.setattr("compiler.ir.serialize.save_stage_file", refuse)
     dump = DumpStages(tmp_path)
     with caplog.at_level(logging.WARNING, logger="compiler.instruments"):
         artifact = compiler.compile(model, inputs, "portable", instruments=[dump])

@@ -16,6 +16,7 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Iterable, Optional
 
@@ -29,11 +30,13 @@ from executorch.backends.apple.coreml.partition import CoreMLPartitioner
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec
 
+from compiler import progress
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.coreml import conversion, rank, rules, search
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
+from compiler.private_api import coreml_progress_bars
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
 # Where Core ML payloads run (the pip ExecuTorch runtime has no Core ML delegate).
@@ -286,7 +289,11 @@ class CoreMLBackend(Backend):
     # --- lowering ---------------------------------------------------------------------
 
     def lowering(self):
-        return conversion.installed()
+        """Our conversion fixes, and coremltools' progress bars as steps of the lower stage's line."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(conversion.installed())
+        stack.enter_context(coreml_progress_bars(progress.steps))
+        return stack
 
 
 __all__ = ["CoreMLBackend", "CoreMLRefusal", "CoreMLStateSplit"]

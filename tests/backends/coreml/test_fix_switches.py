@@ -20,7 +20,8 @@ from compiler.backends.coreml import fixes
 from compiler.backends.coreml.fixes import fixes_off
 from compiler.backends.coreml.interpreter import MilInterpreterError, UnsupportedMilOp, load_programs
 from compiler.backends.coreml.reference import AliasedPayloadOutput
-from compiler.runtime import FLOAT32_ABSOLUTE, compare_with_eager
+from compiler.runtime import compare_with_eager
+from compiler.tolerance import FLOAT32_ABSOLUTE
 from coreml_helpers import compile_coreml, cpu_ops, models, stock_pte
 
 FP32 = {"compute_precision": "float32"}

@@ -15,7 +15,8 @@ import compiler
 from compiler import cli
 from compiler.backends.coreml.reference import AliasedPayloadOutput
 from compiler.ir.errors import UserInputError
-from compiler.runtime import FLOAT32_ABSOLUTE, LoadedProgram, compare_with_eager
+from compiler.runtime import LoadedProgram, compare_with_eager
+from compiler.tolerance import FLOAT32_ABSOLUTE
 from coreml_helpers import compile_coreml, cpu_ops, stock_pte
 
 FP32 = [CoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]

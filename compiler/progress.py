@@ -1,0 +1,110 @@
+"""Live progress on the terminal: one line per stage, with what the running stage is doing.
+
+Work deep inside a dependency (coremltools converting ops, running its MIL pass
+pipelines) reports its steps through `steps()`; the line of the running stage
+shows the latest one, so a long Core ML lowering is not a silent minute. Without
+a listener (library use) the steps go nowhere.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn
+
+from compiler.instruments import Instrument
+
+StepListener = Callable[[str, int, "int | None"], None]
+
+_listener: contextvars.ContextVar[StepListener | None] = contextvars.ContextVar("progress_listener", default=None)
+
+
+def steps(iterable: Iterable[Any], desc: str = "", total: int | None = None, **_ignored: Any) -> Iterator[Any]:
+    """Iterates `iterable`, telling the listener how far it got; takes tqdm's arguments, so it
+    can stand in for a dependency's progress bar."""
+    listener = _listener.get()
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    done = 0
+    for item in iterable:
+        if listener:
+            listener(desc, done, total)
+        yield item
+        done += 1
+    if listener:
+        listener(desc, done, total)
+
+
+class LiveProgress(Instrument):
+    """One line per stage: a spinner while it runs, its elapsed time, its current step.
+
+    `live=False` (output not a terminal, or NO_COLOR set) prints one plain line per stage
+    when it ends instead of redrawing.
+    """
+
+    def __init__(self, console: Console, live: bool) -> None:
+        self.console = console
+        self.live = live
+        self.stages: tuple[str, ...] = ()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._token: contextvars.Token | None = None
+        self._start = 0.0
+
+    def before_pipeline(self, config, stages, artifact):
+        self.stages = stages
+        if self.live:
+            self._progress = Progress(
+                SpinnerColumn(finished_text="[green]done[/]"),
+                TextColumn("{task.description:<21}"),
+                TextColumn("{task.elapsed:>6.2f} s"),
+                TextColumn("[dim]{task.fields[step]}"),
+                console=self.console,
+                redirect_stdout=False,  # the compile's own capture owns sys.stdout/stderr
+                redirect_stderr=False,
+                transient=False,
+            )
+            self._progress.start()
+
+    def before_stage(self, stage, artifact):
+        self._start = time.perf_counter()
+        self._token = _listener.set(self._step)
+        if self._progress:
+            self._task = self._progress.add_task(self._label(stage), total=None, step="")
+
+    def _label(self, stage: str) -> str:
+        return f"[{self.stages.index(stage) + 1}/{len(self.stages)}] {stage}"
+
+    def _step(self, desc: str, done: int, total: int | None) -> None:
+        if self._progress and self._task is not None:
+            shown = f"{desc} {done}/{total}" if total else f"{desc} {done}"
+            self._progress.update(self._task, step=shown)
+
+    def _end_stage(self, stage: str, outcome: str) -> None:
+        if self._token is not None:
+            _listener.reset(self._token)
+            self._token = None
+        if self._progress and self._task is not None:
+            self._progress.update(self._task, total=1, completed=1, step=outcome)
+            self._progress.stop_task(self._task)  # freezes its elapsed time
+        elif not self.live:
+            seconds = time.perf_counter() - self._start
+            self.console.print(f"{self._label(stage):<21} {seconds:7.2f} s  {outcome}".rstrip(), highlight=False)
+
+    def after_stage(self, stage, before, after):
+        self._end_stage(stage, "")
+
+    def on_failure(self, stage, artifact, error):
+        self._end_stage(stage, "[red]failed[/]" if self.live else "failed")
+        self._stop()
+
+    def after_pipeline(self, result):
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._progress:
+            self._progress.stop()
+            self._progress = None

@@ -1,0 +1,139 @@
+"""Every user mistake is a named error before any work: exit code 2, no traceback, the
+path or value named and what to do. Fast start: `--help`, `examples` and argument
+errors answer before torch is imported (checked through sys.modules)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from compiler.cli import main
+
+HEAVY = ("torch", "executorch", "coremltools", "mlx")
+
+
+def _imports_after(argv: list[str]) -> tuple[int, list[str], str]:
+    """Runs the CLI in a fresh interpreter; returns its exit code, the heavy packages it
+    imported, and what it printed."""
+    probe = textwrap.dedent(
+        f"""
+        import json, sys
+        from compiler.cli import main
+        try:
+            code = main({argv!r})
+        except SystemExit as exit:
+            code = exit.code
+        heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))
+        print(json.dumps([code, heavy]), file=sys.__stdout__)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    return code, heavy, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, code, said",
+    [
+        (["--help"], 0, "compile"),
+        (["compile", "--help"], 0, "default: portable"),
+        (["examples"], 0, "transformer"),
+        (["compile", "mlp", "--backend", "tpu"], 2, "invalid choice: 'tpu'"),
+        (["compile", "mlp", "--stop-after", "optimize"], 2, "invalid choice: 'optimize'"),
+        (["compile", "nosuchmodel"], 2, "neither a built-in example"),
+        (["compile", "mlp", "--backend-option", "no_equals_sign"], 2, "is not KEY=VALUE"),
+        (["compile", "mlp", "-o", "/proc/version/x.pte"], 2, "cannot create the folder"),
+    ],
+)
+def test_answers_before_torch_is_imported(argv, code, said):
+    exit_code, heavy, printed = _imports_after(argv)
+    assert exit_code == code and said in printed
+    assert heavy == [], f"{argv} imported {heavy}"
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    """A regular file: nothing can be created under it, whoever runs the test (root included)."""
+    path = tmp_path / "not-a-folder"
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize("flag", ["-o", "--report-json", "--report-html"])
+def test_a_file_under_a_file_is_refused_before_the_compile(capsys, a_file, flag):
+    target = a_file / "out.file"
+    assert main(["compile", "mlp", flag, str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} '{target}'" in err and "cannot create the folder" in err
+    assert "what to do: give" in err and "Traceback" not in err
+    assert "[1/8] capture" not in err  # no stage ran
+
+
+def test_a_dump_dir_under_a_file_is_refused_before_the_compile(capsys, a_file):
+    assert main(["compile", "mlp", "--dump-dir", str(a_file / "dump")]) == 2
+    err = capsys.readouterr().err
+    assert "--dump-dir" in err and str(a_file / "dump") in err and "cannot create the folder" in err
+    assert "[1/8] capture" not in err and "Traceback" not in err
+
+
+def test_an_output_that_is_a_folder_is_refused(capsys, tmp_path):
+    assert main(["compile", "mlp", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"-o '{tmp_path}' is a folder" in err and "give -o a file name" in err
+
+
+def test_missing_parent_folders_are_created(capsys, tmp_path):
+    program = tmp_path / "a" / "b" / "mlp.pte"
+    report = tmp_path / "c" / "report.json"
+    assert main(["compile", "mlp", "-o", str(program), "--report-json", str(report)]) == 0
+    assert program.stat().st_size > 0 and json.loads(report.read_text())["stages"]
+
+
+def test_without_output_the_cli_says_nothing_was_written(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", "mlp"]) == 0
+    assert "nothing written: give -o FILE.pte" in capsys.readouterr().out
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_resume_file_is_named(capsys):
+    assert main(["compile", "--resume-from", "nope.stage"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume-from 'nope.stage'" in err and "does not exist" in err
+
+
+def test_inputs_the_model_cannot_take_get_advice_about_inputs(capsys, tmp_path):
+    source = tmp_path / "wrong_inputs.py"
+    source.write_text(
+        "import torch\n"
+        "def make():\n"
+        "    return torch.nn.Linear(4, 4), (torch.randn(2, 5),)\n"
+    )
+    assert main(["compile", f"{source}:make"]) == 2
+    err = capsys.readouterr().err
+    assert "fails in eager PyTorch on the example inputs (Tensor[2, 5] float32)" in err
+    assert "give example inputs of the shapes, dtypes and number forward() expects" in err
+    assert "control flow" not in err and "Traceback" not in err
+
+
+def test_untraceable_code_still_gets_advice_about_tracing(capsys, tmp_path):
+    source = tmp_path / "branchy.py"
+    source.write_text(
+        "import torch\n"
+        "class Branchy(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + 1 if x.sum() > 0 else x - 1\n"
+        "def make():\n"
+        "    return Branchy(), (torch.randn(3),)\n"
+    )
+    assert main(["compile", f"{source}:make"]) == 2
+    err = capsys.readouterr().err
+    assert "torch.export could not capture Branchy" in err and "control flow" in err
+
+
+def test_run_names_a_missing_program(capsys):
+    assert main(["run", "missing.pte", "mlp"]) == 2
+    assert "PROGRAM 'missing.pte' does not exist" in capsys.readouterr().err

@@ -1,0 +1,87 @@
+"""What a compile shows on the terminal: one progress line per stage, our log with -v,
+nothing with -q, and none of the dependencies' own output (it goes into the report)."""
+
+import io
+import re
+import subprocess
+import sys
+
+import torch
+from rich.console import Console
+
+import compiler
+from compiler.progress import LiveProgress
+
+PROGRESS_LINE = re.compile(r"^\[\d/8\] \w+ +\d+\.\d\d s")
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "compiler", *argv], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_a_compile_prints_progress_and_the_report_and_nothing_of_its_dependencies():
+    # xnnpack with --check: ExecuTorch, torchao and coremltools load, cpuinfo talks from C.
+    done = _cli("compile", "mlp", "--backend", "xnnpack", "--check")
+    assert done.returncode == 0, done.stderr
+    stderr = done.stderr.splitlines()
+    assert [line.split()[1] for line in stderr] == list(compiler.STAGE_NAMES)
+    assert all(PROGRESS_LINE.match(line) for line in stderr), stderr
+    for noise in ("WARNING", "cpuinfo", "torchao", "Warning", "coremltools"):
+        assert noise not in done.stdout + done.stderr
+    assert "check:" in done.stdout and "OK" in done.stdout
+
+
+def test_verbose_shows_our_log_and_what_dependencies_printed():
+    done = _cli("compile", "mlp", "--backend", "xnnpack", "--check", "-v")
+    assert done.returncode == 0, done.stderr
+    assert "INFO compiler.driver: capture:" in done.stderr
+    assert "what dependencies printed" in done.stderr
+    assert "cpuinfo" in done.stderr  # from C, on file descriptor 2, while the check loaded the program
+
+
+def test_quiet_prints_nothing_on_success():
+    done = _cli("compile", "mlp", "-q")
+    assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
+
+
+def test_the_api_keeps_dependency_output_in_the_report(capfd):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    artifact = compiler.compile(model, (torch.randn(2, 4),), "coreml")
+    printed = capfd.readouterr()
+    assert printed.out == "" and printed.err == ""
+    # ExecuTorch's Core ML preprocess warns about the deployment target, as a log record.
+    lower = artifact.report.stage("lower").messages
+    assert any("specification version" in line for line in lower), lower
+
+
+def test_the_api_can_leave_dependency_output_alone(caplog):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    artifact = compiler.compile(model, (torch.randn(2, 4),), "coreml", capture_dependency_output=False)
+    assert all(not r.messages for r in artifact.report.stages)
+    assert any("specification version" in r.getMessage() for r in caplog.records)  # reached the caller's logging
+
+
+def test_coremltools_progress_is_folded_into_the_lower_stage_line():
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    steps = []
+    progress = LiveProgress(console, live=True)
+    original = progress._step
+    progress._step = lambda desc, done, total: (steps.append((desc, done, total)), original(desc, done, total))
+    compiler.compile(model, (torch.randn(2, 4),), "coreml", instruments=[progress])
+    finished = {desc for desc, done, total in steps if done == total}
+    assert "Running MIL default pipeline" in finished, steps
+    assert any(desc == "Converting PyTorch Frontend ==> MIL Ops" and done > 0 for desc, done, _ in steps), steps
+    assert "[7/8] lower" in screen.getvalue() and "Running MIL" in screen.getvalue()
+
+
+def test_plain_progress_has_one_line_per_stage():
+    screen = io.StringIO()
+    model = torch.nn.Linear(4, 4)
+    compiler.compile(model, (torch.randn(2, 4),), instruments=[LiveProgress(Console(file=screen), live=False)])
+    lines = screen.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == list(compiler.STAGE_NAMES)
+    assert all(PROGRESS_LINE.match(line) for line in lines)
