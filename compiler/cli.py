@@ -330,6 +330,8 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     from compiler.examples import resolve_model
     from compiler.progress import LiveProgress
 
+    backend = args.backend or (None if resume_from else DEFAULT_BACKEND)
+    terminal.quietly(f"loading ExecuTorch{f' and the {backend} backend' if backend else ''}", _load, backend)
     module, inputs, dynamic_shapes = (
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
@@ -381,6 +383,15 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
             f.write(render_html(report, run.artifacts.get("partition")))
     _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
     return status
+
+
+def _load(backend: str | None) -> None:
+    """The pipeline's heavy imports, under a status line (they take seconds)."""
+    import compiler.driver  # noqa: F401
+    import compiler.stages  # noqa: F401
+
+    if backend:
+        backends.load(backend)
 
 
 def _print_report(terminal: Terminal, report) -> None:

@@ -58,7 +58,7 @@ class LiveProgress(Instrument):
         self.stages = stages
         if self.live:
             self._progress = Progress(
-                SpinnerColumn(finished_text="[green]done[/]"),
+                SpinnerColumn(finished_text="[green]✓[/]"),
                 TextColumn("{task.description:<21}"),
                 TextColumn("{task.elapsed:>6.2f} s"),
                 TextColumn("[dim]{task.fields[step]}"),

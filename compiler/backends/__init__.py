@@ -62,6 +62,12 @@ def available() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def load(name: str) -> type[Backend]:
+    """The class of the backend named `name` (importing its package and dependencies)."""
+    module_name, class_name = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
 def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) -> Backend:
     """The backend object for a name (built with `options`) or a ready backend object."""
     from compiler.backends.base import Backend
@@ -78,8 +84,7 @@ def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) ->
             f"unknown backend {backend!r}",
             hint=f"use one of: {', '.join(_REGISTRY)}, or pass a compiler.backends.Backend object",
         )
-    module_name, class_name = _REGISTRY[backend].split(":")
-    backend_class = getattr(importlib.import_module(module_name), class_name)
+    backend_class = load(backend)
     known = backend_class.option_names()
     unknown = sorted(set(options or {}) - set(known))
     if unknown:
@@ -104,4 +109,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'compiler.backends' has no attribute {name!r}")
 
 
-__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "resolve", "runs_on"]
+__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "load", "resolve", "runs_on"]
