@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import warnings
 from typing import Iterator
 
@@ -44,43 +45,18 @@ class _RouteRecords(logging.Handler):
                 handler.handle(record)
 
 
-class _FileDescriptor:
-    """Points a file descriptor at an unlinked temporary file, to read back what C wrote."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.file = tempfile.TemporaryFile()
-        self.saved = os.dup(fd)
-        self.read_up_to = 0
-        os.dup2(self.file.fileno(), fd)
-
-    def take(self) -> str:
-        self.file.seek(self.read_up_to)
-        data = self.file.read()
-        self.read_up_to += len(data)
-        return data.decode(errors="replace")
-
-    def restore(self) -> None:
-        os.dup2(self.saved, self.fd)
-        os.close(self.saved)
-
-
-class DependencyOutput:
-    """A context manager: while it is open, dependencies' output is captured; `take()` returns
-    the lines captured since the last `take()` (the driver takes them after each stage).
-
-    It redirects process-wide state (sys.stdout/stderr, fds 1 and 2, the root logger's
-    handlers), as the driver runs one stage at a time per process.
-    """
+class _Redirection:
+    """The process-wide part: where the streams point while any capture is open. Compiles in
+    several threads share one (installed by the first, restored by the last), so descriptors
+    always come back to where they were; each capture reads from where it started."""
 
     def __init__(self) -> None:
-        self._kept: list[str] = []
-        self._python = io.StringIO()
-        self._python_read = 0
-        self._descriptors: list[_FileDescriptor] = []
+        self.records: list[str] = []  # log records and warnings, as lines
+        self.python = io.StringIO()  # sys.stdout and sys.stderr
+        self.files = {fd: tempfile.TemporaryFile() for fd in (1, 2)}  # unlinked: nothing is left behind
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> "DependencyOutput":
+    def install(self) -> None:
         stack = self._stack.__enter__()
         try:
             caught = stack.enter_context(warnings.catch_warnings(record=True))
@@ -88,41 +64,94 @@ class DependencyOutput:
             self._warnings = caught
             root = logging.getLogger()
             handlers = root.handlers[:]
-            root.handlers = [_RouteRecords(handlers, self._kept)]
+            root.handlers = [_RouteRecords(handlers, self.records)]
             stack.callback(setattr, root, "handlers", handlers)
-            _flush_python_streams()
-            for fd in (1, 2):
-                descriptor = _FileDescriptor(fd)
-                self._descriptors.append(descriptor)
-                stack.callback(descriptor.restore)
+            for fd, file in self.files.items():
+                _flush_python_streams()
+                saved = os.dup(fd)
+                stack.callback(os.close, saved)
+                stack.callback(os.dup2, saved, fd)
                 stack.callback(_flush_python_streams)
-            stack.enter_context(contextlib.redirect_stdout(self._python))
-            stack.enter_context(contextlib.redirect_stderr(self._python))
+                os.dup2(file.fileno(), fd)
+            stack.callback(setattr, sys, "stdout", sys.stdout)
+            stack.callback(setattr, sys, "stderr", sys.stderr)
+            sys.stdout = sys.stderr = self.python
         except BaseException:
-            self._stack.__exit__(*sys.exc_info())
+            self.restore()
             raise
-        return self
 
-    def __exit__(self, *exc_info) -> None:
-        self._stack.__exit__(*exc_info)
-        self.leftover = self.take()  # what came after the last take()
-        for descriptor in self._descriptors:
-            descriptor.file.close()
+    def restore(self) -> None:
+        self._stack.__exit__(None, None, None)
+        for file in self.files.values():
+            file.close()
 
-    def take(self) -> tuple[str, ...]:
-        lines = list(self._kept)
-        self._kept.clear()
-        lines += [_warning_line(w) for w in self._warnings]
+    def positions(self) -> dict[str, int]:
+        self.records += [_warning_line(w) for w in self._warnings]
         self._warnings.clear()
-        text = self._python.getvalue()
-        chunks = [text[self._python_read:]]
-        self._python_read = len(text)
         _flush_python_streams()
-        chunks += [d.take() for d in self._descriptors]
+        return {
+            "records": len(self.records),
+            "python": len(self.python.getvalue()),
+            **{str(fd): os.fstat(file.fileno()).st_size for fd, file in self.files.items()},
+        }
+
+    def since(self, start: dict[str, int], end: dict[str, int]) -> tuple[str, ...]:
+        lines = self.records[start["records"]:end["records"]]
+        chunks = [self.python.getvalue()[start["python"]:end["python"]]]
+        for fd, file in self.files.items():
+            # pread: the descriptor shares its offset with fd 1 or 2, which must keep appending.
+            data = os.pread(file.fileno(), end[str(fd)] - start[str(fd)], start[str(fd)])
+            chunks.append(data.decode(errors="replace"))
         for chunk in chunks:
             # A progress bar redraws its line with carriage returns: keep what it last showed.
             lines += [line.rsplit("\r", 1)[-1].rstrip() for line in chunk.splitlines()]
         return tuple(_without_repeats(line for line in lines if line.strip()))
+
+
+_LOCK = threading.Lock()
+_shared: _Redirection | None = None
+_users = 0
+
+
+class DependencyOutput:
+    """A context manager: while it is open, dependencies' output is captured; `take()` returns
+    the lines captured since the last `take()` (the driver takes them after each stage), and
+    `leftover` holds what came after the last one once it is closed.
+
+    It redirects process-wide state (sys.stdout/stderr, file descriptors 1 and 2, the root
+    logger's handlers, the warnings filters); captures open at once in several threads share
+    it, and may then each see some of the others' lines.
+    """
+
+    leftover: tuple[str, ...] = ()
+
+    def __enter__(self) -> "DependencyOutput":
+        global _shared, _users
+        with _LOCK:
+            if _users == 0:
+                redirection = _Redirection()
+                redirection.install()
+                _shared = redirection
+            _users += 1
+            self._shared = _shared
+            self._read = self._shared.positions()
+        return self
+
+    def take(self) -> tuple[str, ...]:
+        with _LOCK:
+            now = self._shared.positions()
+            lines = self._shared.since(self._read, now)
+            self._read = now
+        return lines
+
+    def __exit__(self, *exc_info) -> None:
+        global _shared, _users
+        self.leftover = self.take()
+        with _LOCK:
+            _users -= 1
+            if _users == 0:
+                _shared.restore()
+                _shared = None
 
 
 def _flush_python_streams() -> None:

@@ -85,3 +85,28 @@ def test_plain_progress_has_one_line_per_stage():
     lines = screen.getvalue().splitlines()
     assert [line.split()[1] for line in lines] == list(compiler.STAGE_NAMES)
     assert all(PROGRESS_LINE.match(line) for line in lines)
+
+
+def test_captures_in_threads_share_one_redirection_and_give_the_descriptors_back(capfd):
+    import os
+    import threading
+
+    failures = []
+
+    def compile_one():
+        try:
+            compiler.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()), (torch.randn(2, 4),), "coreml")
+        except BaseException as exc:  # reported below, not lost in the thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=compile_one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    os.write(1, b"fd 1 is back\n")
+    os.write(2, b"fd 2 is back\n")
+    print("sys.stdout is back")
+    printed = capfd.readouterr()
+    assert printed.out == "fd 1 is back\nsys.stdout is back\n" and printed.err == "fd 2 is back\n"
