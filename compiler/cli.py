@@ -380,7 +380,8 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         from compiler.html_report import render_html
 
         with open(report_html, "w") as f:
-            f.write(render_html(report, run.artifacts.get("partition")))
+            title = f"{args.model or report.resumed_from} compiled for {report.config.get('backend')}"
+            f.write(render_html(report, run.artifacts.get("partition"), title=title))
     _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
     return status
 

@@ -16,6 +16,8 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Iterable
 
+import attrs
+
 if TYPE_CHECKING:
     from compiler.ir.artifacts import PartitionedProgram
     from compiler.ir.report import Report
@@ -38,8 +40,9 @@ def render_html(report: Report, partitioned: PartitionedProgram | None, *, title
     heading = title or f"Compile report{f' ({backend})' if backend else ''}"
     sections = [_header(report, heading), _stage_table(report)]
     if partitioned is not None:
+        report = attrs.evolve(report, plan=partitioned.plan)  # the tables and the graph show one plan
         graph = _graph_elements(partitioned)
-        sections += [_graph_section(graph["legend"]), _placement_table(partitioned), _summary_table(report)]
+        sections += [_graph_section(graph["legend"]), _placement_table(report), _summary_table(report)]
         scripts = (
             f'<script type="application/json" id="graph-data">{_script_json(graph)}</script>\n'
             + "".join(f"<script>{_asset(name)}</script>\n" for name in _SCRIPTS)
@@ -105,57 +108,39 @@ def _header(report: Report, heading: str) -> str:
 
 
 def _stage_table(report: Report) -> str:
-    rows = ""
-    for record in report.stages:
-        notes = ", ".join(f"{k}={_cell(v)}" for k, v in record.metrics.items())
+    header, rows = report.stage_rows()
+    *stage_rows, total = rows
+    html = ""
+    for record, cells in zip(report.stages, stage_rows):
         messages = (
             f"<details><summary>{len(record.messages)} message(s)</summary><pre>{_text(chr(10).join(record.messages))}</pre></details>"
             if record.messages
             else ""
         )
-        cells = [
-            record.stage,
-            _cell(record.seconds),
-            _cell(record.verify_seconds),
-            _cell(record.nodes_in),
-            _cell(record.nodes_out),
-            _cell(record.delegates),
-            _cell(record.cpu_ops),
-            notes,
-        ]
-        rows += _row([_text(c) for c in cells] + [messages], f' data-stage="{_text(record.stage)}"')
-    total = [
-        "total",
-        _cell(report.total_seconds),
-        _cell(sum(r.verify_seconds for r in report.stages)),
-        *[""] * 6,
-    ]
-    header = ["stage", "time s", "verify s", "nodes in", "nodes out", "delegates", "cpu ops", "notes", "messages"]
-    footer = "<tr>" + "".join(f"<td>{_text(c)}</td>" for c in total) + "</tr>"
-    return "<h2>Stages</h2>\n" + _table("stages", header, rows, footer)
+        html += _row([_text(c) for c in cells] + [messages], f' data-stage="{_text(record.stage)}"')
+    footer = "<tr>" + "".join(f"<td>{_text(c)}</td>" for c in total) + "<td></td></tr>"
+    return "<h2>Stages</h2>\n" + _table("stages", [*header, "messages"], html, footer)
 
 
-def _placement_table(partitioned: PartitionedProgram) -> str:
-    plan = partitioned.plan
-    rows = "".join(
-        _row(
-            [_text(p.node), _text(p.op), _text(plan.where(p)), _text(p.reason or "")],
-            f' data-node="{_text(p.node)}" class="{"cpu" if p.on_cpu else "delegated"}"',
-        )
-        for p in plan.nodes
+def _placement_table(report: Report) -> str:
+    header, rows = report.node_rows()
+    html = "".join(
+        _row([_text(c) for c in cells], f' data-node="{_text(cells[0])}" class="{"delegated" if cells[3] != "-" else "cpu"}"')
+        for cells in rows
     )
     return (
-        f"<h2>Where each op runs ({len(plan.delegated_nodes)} delegated, {len(plan.cpu_nodes)} on the CPU)</h2>\n"
+        f"<h2>Where each op runs</h2>\n<p>{_text(report.format_shares())}</p>\n"
         '<p class="note">Click a row to show the node in the graph.</p>\n'
-        + _table("placement", ["node", "op", "runs on", "reason"], rows)
+        + _table("placement", header, html)
     )
 
 
 def _summary_table(report: Report) -> str:
-    if not report.placement:
+    header, rows = report.grouped_rows()
+    if not rows:
         return ""
-    rows = "".join(_row(_text(c) for c in (s.op, s.count, s.where, s.reason)) for s in report.placement)
-    return "<h2>Per op</h2>\n" + _table("placement-summary", ["op", "count", "runs on", "reason"], rows)
+    html = "".join(_row(_text(c) for c in cells) for cells in rows)
+    return "<h2>Per op</h2>\n" + _table("placement-summary", header, html)
 
 
 def _graph_section(legend: list[dict[str, str]]) -> str:
@@ -199,31 +184,32 @@ def placeholder_kinds(program: Any) -> dict[str, str]:
 
 
 def _delegate_colors(plan: Any) -> tuple[dict[str, str], list[dict[str, str]]]:
-    """Tag -> colour, and the legend's delegate entries: a colour per partition while the
+    """Tag -> colour, and the legend's delegate entries: a colour per delegate while the
     palette has one for each, else one per backend (a program can have hundreds of
-    partitions; the node's panel still names its tag)."""
-    tags = list(dict.fromkeys(p.tag for p in plan.nodes if p.tag))
-    backend_of = {tag: plan.partitions[tag].backend_id for tag in tags}
+    delegates; the node's panel still names its own)."""
+    from compiler.ir.placement import backend_name
+
+    numbers = plan.delegate_numbers()
+    tags = list(numbers)
+    backend_of = {tag: backend_name(plan.partitions[tag].backend_id) for tag in tags}
     if len(tags) <= len(DELEGATE_COLORS):
         colors = {tag: DELEGATE_COLORS[i] for i, tag in enumerate(tags)}
-        return colors, [{"label": f"{backend_of[tag]} partition {tag}", "color": colors[tag]} for tag in tags]
+        return colors, [{"label": f"{backend_of[tag]} delegate {numbers[tag]}", "color": colors[tag]} for tag in tags]
     backends = list(dict.fromkeys(backend_of.values()))
     backend_colors = {b: DELEGATE_COLORS[i % len(DELEGATE_COLORS)] for i, b in enumerate(backends)}
-    partitions = collections.Counter(backend_of.values())
-    legend = [{"label": f"{b} ({partitions[b]} partitions)", "color": backend_colors[b]} for b in backends]
+    delegates = collections.Counter(backend_of.values())
+    legend = [{"label": f"{b} ({delegates[b]} delegates)", "color": backend_colors[b]} for b in backends]
     return {tag: backend_colors[backend_of[tag]] for tag in tags}, legend
 
 
 def _graph_elements(partitioned: PartitionedProgram) -> dict[str, Any]:
     """Cytoscape's elements for the program, each node coloured by where it runs, and the legend."""
     plan = partitioned.plan
-    placements = {p.node: p for p in plan.nodes}
+    placed = {n.node: n for n in plan.described()}
+    words = {n.tag: n.where for n in placed.values() if n.tag}
     tags = plan.tags()
     colors, legend = _delegate_colors(plan)
     kinds = placeholder_kinds(partitioned.program)
-
-    def where(tag: str | None) -> str:
-        return f"{plan.partitions[tag].backend_id}/{tag}" if tag else "cpu"
 
     nodes, edges = [], []
     for node in partitioned.program.graph.nodes:
@@ -232,16 +218,20 @@ def _graph_elements(partitioned: PartitionedProgram) -> dict[str, Any]:
         if node.op == "placeholder":
             kind = kinds.get(node.name, "input")
             data |= {"label": node.name, "kind": kind, "op": kind, "color": INPUT_COLOR if kind == "input" else WEIGHT_COLOR}
-            data["where"] = f"taken over by {where(tag)}" if tag else ("given at run time" if kind == "input" else "cpu")
+            data["where"] = f"taken over by {words[tag]}" if tag in words else (
+                "given at run time" if kind == "input" else "CPU (stored in the program)"
+            )
             data["border"] = colors.get(tag, "#555")
         elif node.op == "output":
             data |= {"label": "output", "kind": "output", "op": "output", "where": "", "color": OUTPUT_COLOR}
         else:
-            placement = placements.get(node.name)
+            placement = placed.get(node.name)
             op = placement.op if placement else str(getattr(node.target, "__name__", node.target))
             data |= {"label": short_op(op), "kind": "op", "op": op, "color": colors.get(tag, CPU_COLOR)}
-            data["where"] = plan.where(placement) if placement else where(tag)
-            if placement and placement.reason:
+            data["where"] = placement.where if placement else words.get(tag, "CPU")
+            if placement and placement.tag:
+                data["delegate"] = f"{placement.backend_id}/{placement.tag}"
+            if placement and placement.reason and not placement.tag:
                 data["reason"] = placement.reason
         data["w"] = max(40, 7 * len(data["label"]) + 16)
         nodes.append({"data": data})
@@ -334,7 +324,7 @@ _PAGE_SCRIPT = """
     cy.pan({ x: cy.width() / 2 - top.position('x') * 0.8, y: 30 - top.position('y') * 0.8 });
   }
 
-  const fields = [['node', 'id'], ['op', 'op'], ['runs on', 'where'], ['why on the CPU', 'reason'], ['value', 'value']];
+  const fields = [['node', 'id'], ['op', 'op'], ['runs on', 'where'], ['delegate', 'delegate'], ['why on the CPU', 'reason'], ['value', 'value']];
   function describe(node) {
     return fields.filter(([, key]) => node.data(key)).map(([name, key]) => name + ': ' + node.data(key)).join('\\n');
   }

@@ -164,13 +164,19 @@ class Report:
     def placement_rows(self) -> tuple[list[str], list[list[str]]]:
         """(header, rows) of the placement table: a row per node for a program of at most
         `PER_NODE_LIMIT` ops, else a row per (op, where, reason) with its count."""
-        if self.per_node:
-            header = ["node", "op", "runs on", "delegate", "reason"]
-            rows = [
-                [n.node, n.op, n.where, f"{n.backend_id}/{n.tag}" if n.tag else "-", n.reason]
-                for n in self.plan.described()
-            ]
-            return header, rows
+        return self.node_rows() if self.per_node else self.grouped_rows()
+
+    def node_rows(self) -> tuple[list[str], list[list[str]]]:
+        """(header, rows): every op node, where it runs and why (empty without a plan)."""
+        header = ["node", "op", "runs on", "delegate", "reason"]
+        if self.plan is None:
+            return header, []
+        return header, [
+            [n.node, n.op, n.where, f"{n.backend_id}/{n.tag}" if n.tag else "-", n.reason] for n in self.plan.described()
+        ]
+
+    def grouped_rows(self) -> tuple[list[str], list[list[str]]]:
+        """(header, rows): one row per (op, where, reason), with how many nodes."""
         header = ["op", "count", "runs on", "reason"]
         if self.plan is None:
             return header, [[s.op, str(s.count), s.where, s.reason] for s in self.placement]
