@@ -137,3 +137,13 @@ def test_untraceable_code_still_gets_advice_about_tracing(capsys, tmp_path):
 def test_run_names_a_missing_program(capsys):
     assert main(["run", "missing.pte", "mlp"]) == 2
     assert "PROGRAM 'missing.pte' does not exist" in capsys.readouterr().err
+
+
+def test_visualize_names_a_missing_or_foreign_file(capsys, tmp_path):
+    assert main(["visualize", str(tmp_path / "nope.pte")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a program")
+    assert main(["visualize", str(notes), "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert "notes.txt" in err and "what to do:" in err and "Traceback" not in err
