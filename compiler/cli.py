@@ -11,6 +11,7 @@ is checked before the compile starts; each command imports what it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -218,7 +219,7 @@ class Terminal:
 
         output = DependencyOutput()
         try:
-            with output, self.err.status(doing) if self.live and self.verbosity >= 0 else _nothing():
+            with output, self.err.status(doing) if self.live and self.verbosity >= 0 else contextlib.nullcontext():
                 return work(*args, **kwargs)
         finally:
             self.messages.append((doing, output.leftover))
@@ -235,14 +236,6 @@ class Terminal:
             self.out.print(table)
         # rich pads every cell to its column's width; trailing blanks only get in the way of a copy.
         self.out.file.write("".join(line.rstrip() + "\n" for line in drawn.get().splitlines()))
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
 
 
 def _duplicate(stream: IO[str]) -> IO[str]:
