@@ -11,6 +11,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from compiler import backends
+from compiler.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
 from compiler.private_api import deserialize_pte
@@ -52,6 +53,12 @@ class LoadedProgram:
     """
 
     def __init__(self, program: Any) -> None:
+        # ExecuTorch's runtime talks as it loads (cpuinfo, from C): kept in `messages`, off the terminal.
+        with DependencyOutput() as output:
+            self._load(program)
+        self.messages = output.leftover
+
+    def _load(self, program: Any) -> None:
         from executorch.runtime import Runtime
 
         pte, delegates = _pte_and_delegates(program)

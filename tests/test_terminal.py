@@ -110,3 +110,18 @@ def test_captures_in_threads_share_one_redirection_and_give_the_descriptors_back
     print("sys.stdout is back")
     printed = capfd.readouterr()
     assert printed.out == "fd 1 is back\nsys.stdout is back\n" and printed.err == "fd 2 is back\n"
+
+
+def test_compiling_and_running_through_the_api_print_nothing():
+    # A fresh process: ExecuTorch's runtime talks (cpuinfo, from C) only the first time it loads.
+    script = (
+        "import torch, compiler\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())\n"
+        "artifact = compiler.compile(model, (torch.randn(2, 4),), 'xnnpack')\n"
+        "loaded = compiler.LoadedProgram(artifact)\n"
+        "loaded((torch.randn(2, 4),))\n"
+        "assert any('cpuinfo' in line for line in loaded.messages), loaded.messages\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""
