@@ -75,14 +75,6 @@ def _script_json(data: Any) -> str:
     return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
-
-
 def _row(cells: Iterable[str], attributes: str = "") -> str:
     return f"<tr{attributes}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>\n"
 

@@ -14,6 +14,7 @@ from compiler.api import run_pipeline
 from compiler.ir.errors import UserInputError
 from compiler.ir.serialize import load_stage_file
 from compiler.visualize import INSTALL_HINT, explorer_graph, visualize
+from test_html_report import Camera  # the uint8 camera model of the HTML report's tests
 
 needs_model_explorer = pytest.mark.skipif(
     importlib.util.find_spec("model_explorer") is None,
@@ -21,23 +22,11 @@ needs_model_explorer = pytest.mark.skipif(
 )
 
 
-class Camera(torch.nn.Module):
-    """uint8 pixels scaled to [0, 1] (on the CPU for Core ML), then conv and linear (delegated)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.fc = torch.nn.Linear(4 * 6 * 6, 5)
-
-    def forward(self, image):
-        return self.fc(torch.relu(self.conv(image.float() / 255)).flatten(1))
-
-
 @pytest.fixture(scope="module")
 def partition_stage_file(tmp_path_factory):
     directory = tmp_path_factory.mktemp("stages")
     torch.manual_seed(0)
-    image = torch.randint(0, 255, (1, 3, 8, 8), dtype=torch.uint8)
+    image = torch.randint(0, 255, (1, 3, 32, 32), dtype=torch.uint8)
     run_pipeline(Camera().eval(), (image,), "coreml", stop_after="split_constants", dump_dir=str(directory))
     (path,) = directory.glob("*-partition.stage")
     return path
