@@ -201,7 +201,8 @@ class Terminal:
         stream = _duplicate(sys.stderr)
         self.live = stream.isatty() and "NO_COLOR" not in os.environ
         self.err = Console(file=stream, highlight=False, soft_wrap=True, no_color="NO_COLOR" in os.environ)
-        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+        # Off a terminal (a pipe, a file) table rows are never wrapped, so each stays one line to grep.
+        self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
         self.messages: list[tuple[str, tuple[str, ...]]] = []  # (while doing what, lines) captured outside stages
 
     def say(self, text: str = "") -> None:

@@ -10,6 +10,7 @@ imported only when used; so is torch, so the CLI can import this module at start
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import webbrowser
@@ -28,6 +29,8 @@ from compiler.html_report import (
 from compiler.ir.errors import UserInputError
 
 
+logger = logging.getLogger(__name__)
+
 INSTALL_HINT = "pip install -e '.[explorer]'"
 PTE_ADAPTER = "pte_adapter_model_explorer"
 
@@ -41,6 +44,11 @@ def visualize(path: str | os.PathLike, *, port: int | None = None, open_browser:
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"no such file: {path}", hint="give the path of a .pte or a .stage file")
+    if path.suffix not in (".pte", ".stage"):
+        raise UserInputError(
+            f"Model Explorer is for .pte and .stage files, not {path.suffix or 'a file without suffix'}: {path}",
+            hint="compile with -o model.pte, or save stage files with --dump-dir",
+        )
     model_explorer = _import_model_explorer()
     config = model_explorer.config()
     extensions: list[str] = []
@@ -48,7 +56,7 @@ def visualize(path: str | os.PathLike, *, port: int | None = None, open_browser:
         _require_module(PTE_ADAPTER, "the PTE adapter of Model Explorer")
         config.add_model_from_path(str(path), adapterId=PTE_ADAPTER)
         extensions.append(PTE_ADAPTER)
-    elif path.suffix == ".stage":
+    else:
         from compiler.ir.serialize import load_stage_file
 
         stage_file = load_stage_file(path)
@@ -56,14 +64,9 @@ def visualize(path: str | os.PathLike, *, port: int | None = None, open_browser:
         # Model Explorer's own route for an in-memory graph (as `add_model_from_pytorch` does).
         config.graphs_list.append({"graphs": [graph]})
         config.model_sources.append({"url": f"graphs://{path.stem}/{len(config.graphs_list) - 1}"})
-    else:
-        raise UserInputError(
-            f"Model Explorer is for .pte and .stage files, not {path.suffix or 'a file without suffix'}: {path}",
-            hint="compile with -o model.pte, or save stage files with --dump-dir",
-        )
     show = open_browser and browser_available()
     if open_browser and not show:
-        print("No browser here (no display): open the URL Model Explorer prints below.", file=sys.stderr)
+        logger.warning("no browser here (no display): open the address Model Explorer prints below")
     options: dict[str, Any] = {"port": port} if port is not None else {}
     model_explorer.visualize_from_config(config=config, extensions=extensions, no_open_in_browser=not show, **options)
 

@@ -105,9 +105,9 @@ def test_cli_prints_per_op_placement(tmp_path, capsys):
     )
     assert main(["compile", f"{source}:make", "--backend", "coreml", "-o", str(tmp_path / "m.pte")]) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("aten.amax.default"))
-    assert "cpu" in row and "over bool" in row
-    assert any(line.startswith("aten.gt.Scalar") and "CoreMLBackend" in line for line in out.splitlines())
+    row = next(line for line in out.splitlines() if " aten.amax.default " in line)
+    assert "CPU (portable kernel)" in row and "over bool" in row
+    assert any(" aten.gt.Scalar " in line and "Core ML delegate 1" in line for line in out.splitlines())
 
 
 def test_compute_precision_option_sets_the_compile_spec(capsys):
