@@ -75,6 +75,8 @@ class Pipeline:
                 hint="resume from a stage file written by the stage before it",
             )
 
+        for stage in self.stages[start : stop + 1]:
+            stage.check_options(config.options_for(stage.name))
         for instrument in instruments:
             instrument.before_pipeline(config, self.names, artifact)
         records: list[StageRecord] = []

@@ -28,6 +28,15 @@ def small_model():
 ON_REQUEST = ("slow", "models")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def cache_folder_of_the_test_run(tmp_path_factory):
+    """The CLI saves crash reproducers under the user's cache folder: the tests' go to a temporary one."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    yield
+    patch.undo()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked slow or models run only when a -m expression asks for them (`-m slow`, `-m models`)."""
     if config.getoption("markexpr"):

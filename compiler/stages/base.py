@@ -41,5 +41,9 @@ class Stage(abc.ABC):
     def run(self, artifact: Any, ctx: StageContext) -> Any:
         """Turn an artifact of type `takes` into one of type `returns`."""
 
+    def check_options(self, options: Any) -> None:
+        """Raise a `UserInputError` for options this stage cannot use. The driver asks every
+        stage that will run before the first one starts, so a mistyped option costs no work."""
+
     def __repr__(self) -> str:
         return f"<stage {self.name}: {self.takes.__name__} -> {self.returns.__name__}>"

@@ -404,6 +404,10 @@ def resolve_op(op: Any) -> Any:
 
 
 class Fold(Stage, name="fold", takes=AtenProgram, returns=AtenProgram, options=FoldOptions):
+    def check_options(self, options: FoldOptions) -> None:
+        for op in options.skip_ops:
+            resolve_op(op)
+
     def run(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
         given = frozenset(resolve_op(op) for op in ctx.options.skip_ops)
         skip = given if ctx.options.replace_skip_ops else default_skip_ops(ATEN) | given
