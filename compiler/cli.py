@@ -205,6 +205,15 @@ class Terminal:
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
         self.messages: list[tuple[str, tuple[str, ...]]] = []  # (while doing what, lines) captured outside stages
 
+    def close(self) -> None:
+        """Gives back our logger and closes the duplicate of stderr (main() may run many times in
+        one process, e.g. in tests)."""
+        logger = logging.getLogger("compiler")
+        logger.handlers, logger.propagate = [], True
+        logger.setLevel(logging.NOTSET)
+        if self.err.file is not sys.stderr:
+            self.err.file.close()
+
     def say(self, text: str = "") -> None:
         if self.verbosity >= 0:
             self.out.print(text, highlight=False, markup=False)
@@ -474,7 +483,7 @@ def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
     return 1 if run.failures else 0
 
 
-def _examples(terminal: Terminal) -> int:
+def _examples(args: argparse.Namespace, terminal: Terminal) -> int:
     entries = catalog.models().values()
     width = max(len(entry.name) for entry in entries)
     for entry in entries:
@@ -487,9 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     terminal = Terminal(-1 if getattr(args, "quiet", False) else getattr(args, "verbose", 0))
     _setup_logging(terminal)
-    if args.command == "examples":
-        return _examples(terminal)
-    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "fuzz": _fuzz}
+    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "fuzz": _fuzz, "examples": _examples}
     try:
         return commands[args.command](args, terminal)
     except CompileError as error:
@@ -499,3 +506,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if terminal.verbosity >= 1:
             _print_messages(terminal, [])
         return 2
+    finally:
+        terminal.close()
