@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -83,56 +84,51 @@ def run_pipeline(
 ) -> PipelineRun:
     """Like `compile`, but returns the run itself: the last artifact, the report, every stage's artifact."""
     given, run = split_options(options)
-    if not run.capture_dependency_output:
-        return _run_pipeline(model, example_inputs, backend, backend_options, dynamic_shapes, config, given, run, None)
-    with DependencyOutput() as output:
-        return _run_pipeline(model, example_inputs, backend, backend_options, dynamic_shapes, config, given, run, output)
+    # ExecuTorch, torchao and coremltools talk as they load: the pipeline's modules are imported
+    # inside the capture, like everything the compile runs.
+    with DependencyOutput() if run.capture_dependency_output else contextlib.nullcontext() as output:
+        from compiler.backends.base import Backend
+        from compiler.driver import Pipeline
+        from compiler.instruments import StageMessages, instruments_for
+        from compiler.ir.serialize import load_stage_file
+        from compiler.stages import DEFAULT_STAGES
 
+        backend_obj = backend if isinstance(backend, Backend) else None
+        backend_name = backend_obj.name if backend_obj else backend
+        if backend_obj and backend_options:
+            raise UserInputError(
+                "backend_options were given with a backend object",
+                hint="build the backend object with those options instead",
+            )
+        versions = dependency_versions()
+        overrides: tuple[Override, ...] = ()
+        if run.resume_from:
+            stage_file = load_stage_file(run.resume_from)
+            chosen = _resumed_config(stage_file, config, backend_name, backend_options, given)
+            # What differs from the recorded run: the options given, and the libraries installed.
+            overrides = _differences(
+                {**stage_file.config.to_json(), "versions": dict(stage_file.versions)},
+                {**chosen.to_json(), "versions": versions},
+            )
+            artifact, start_after = stage_file.artifact, stage_file.stage
+        else:
+            chosen = (config or CompileConfig()).with_options(given)
+            chosen = attrs.evolve(
+                chosen,
+                backend=backend_name or chosen.backend,
+                backend_options=chosen.backend_options if backend_options is None else backend_options,
+            )
+            artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes), None
 
-def _run_pipeline(model, example_inputs, backend, backend_options, dynamic_shapes, config, given, run, output):
-    # Imported here, inside the capture: ExecuTorch, torchao and coremltools talk when they load.
-    from compiler.backends.base import Backend
-    from compiler.driver import Pipeline
-    from compiler.instruments import StageMessages, instruments_for
-    from compiler.ir.serialize import load_stage_file
-    from compiler.stages import DEFAULT_STAGES
-
-    backend_obj = backend if isinstance(backend, Backend) else None
-    backend_name = backend_obj.name if backend_obj else backend
-    if backend_obj and backend_options:
-        raise UserInputError(
-            "backend_options were given with a backend object",
-            hint="build the backend object with those options instead",
+        backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
+        instruments = instruments_for(run)
+        if output is not None:
+            instruments.insert(0, StageMessages(output))
+        result = Pipeline(DEFAULT_STAGES).run(
+            artifact, backend_obj, chosen, instruments, start_after=start_after, stop_after=run.stop_after
         )
-    versions = dependency_versions()
-    overrides: tuple[Override, ...] = ()
-    if run.resume_from:
-        stage_file = load_stage_file(run.resume_from)
-        chosen = _resumed_config(stage_file, config, backend_name, backend_options, given)
-        # What differs from the recorded run: the options given, and the libraries installed.
-        overrides = _differences(
-            {**stage_file.config.to_json(), "versions": dict(stage_file.versions)},
-            {**chosen.to_json(), "versions": versions},
-        )
-        artifact, start_after = stage_file.artifact, stage_file.stage
-    else:
-        chosen = (config or CompileConfig()).with_options(given)
-        chosen = attrs.evolve(
-            chosen,
-            backend=backend_name or chosen.backend,
-            backend_options=chosen.backend_options if backend_options is None else backend_options,
-        )
-        artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes), None
-
-    backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
-    instruments = instruments_for(run)
-    if output is not None:
-        instruments.insert(0, StageMessages(output))
-    result = Pipeline(DEFAULT_STAGES).run(
-        artifact, backend_obj, chosen, instruments, start_after=start_after, stop_after=run.stop_after
-    )
-    report = attrs.evolve(result.report, versions=versions, resumed_from=run.resume_from, overrides=overrides)
-    return attrs.evolve(result, report=report)
+        report = attrs.evolve(result.report, versions=versions, resumed_from=run.resume_from, overrides=overrides)
+        return attrs.evolve(result, report=report)
 
 
 def _resumed_config(

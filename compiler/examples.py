@@ -142,7 +142,6 @@ EXAMPLES: dict[str, Callable] = {
 MODELS: dict[str, Callable] = {**EXAMPLES, **model_suite.SUITE}
 
 
-
 def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
     """`name[:key=value,...]` for a built-in example, or `path/to/file.py:factory`.
 
