@@ -99,6 +99,10 @@ class PlannedProgram(AtenProgram):
     """An ATen program with the dry run's answer: which of its nodes to keep whole."""
 
     keep_whole: KeepWholePlan = attrs.field(factory=KeepWholePlan)
+    # The dry run's own decomposition when it is exactly the plan's (it dropped nothing):
+    # the decompose stage's output, made already. Never saved: a resumed run makes it again
+    # with the same function, so both runs give the same program.
+    decomposed: "EdgeProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

@@ -68,6 +68,9 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     "skipped": lambda why: f"no dry run needed: {why}",
     "because": lambda why: f"dry run needed: {why}",
     "decomposed": lambda ops: f"decomposed after all (would run on the CPU without a kernel): {ops}",
+    "decomposition_handed_on_s": lambda s: f"handed its decomposition ({s:.2f} s) on to the decompose stage",
+    # decompose
+    "from_dry_run": lambda _: "the dry run's decomposition, which kept exactly these ops whole",
     # split_constants
     "copies": lambda n: f"made {_count(n, 'constant copy', 'constant copies')} for delegates sharing one"
     if n else "no constant copies needed",

@@ -361,7 +361,11 @@ def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[s
 
 
 class Decompose(Stage, name="decompose", takes=PlannedProgram, returns=EdgeProgram):
-    """Keeps whole exactly what the dry run planned; never asks the backend again."""
+    """Keeps whole exactly what the dry run planned; never asks the backend again. When the dry
+    run already made this very decomposition (it dropped nothing), that is the output."""
 
     def run(self, planned: PlannedProgram, ctx: StageContext) -> EdgeProgram:
+        if planned.decomposed is not None:
+            ctx.metrics["from_dry_run"] = True
+            return planned.decomposed
         return to_edge_program(planned.program, planned.keep_whole.nodes)

@@ -23,13 +23,15 @@ passes a Python number where its schema takes a Tensor (`div.Tensor_mode(i, 3)`)
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.backends.base import Backend, KeepWhole
 from compiler.config import DryRunOptions
-from compiler.ir.artifacts import AtenProgram, KeepWholePlan, PlannedProgram
+from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
@@ -118,11 +120,16 @@ def _aten_origin(node: torch.fx.Node) -> str:
     return source.name
 
 
-def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]) -> dict[str, str]:
+def dry_run(
+    program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]
+) -> tuple[dict[str, str], EdgeProgram, float]:
     """Decompose as the decompose stage will, partition, and say which kept nodes to drop
-    (ATen node name -> why it is decomposed after all)."""
+    (ATen node name -> why it is decomposed after all); also the decomposition made, and
+    the seconds it took."""
     names = {n.name for n in kept}
+    start = time.perf_counter()
     edge = to_edge_program(program, names)
+    decomposing = time.perf_counter() - start
     # The search runs on a copy (the backend may rewrite what it partitions, as Core ML
     # does with rank-6 chains), so the Edge program stays a pure decomposition.
     searched = partition(edge, backend)
@@ -139,7 +146,7 @@ def dry_run(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node
                 f"kept whole it would run on the CPU ({where.reason}), where the runtime has no "
                 f"{kernel}; decomposed instead"
             )
-    return dropped
+    return dropped, edge, decomposing
 
 
 def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], mode: str) -> tuple[str | None, str | None]:
@@ -170,9 +177,12 @@ class DryRun(Stage, name="dry_run", takes=AtenProgram, returns=PlannedProgram, o
             ctx.metrics["skipped"] = skipped
             return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
-        dropped = dry_run(program, ctx.backend, kept)
+        dropped, edge, decomposing = dry_run(program, ctx.backend, kept)
         plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), {**refused, **dropped})
         ctx.metrics["kept"] = len(plan.nodes)
         if dropped:
             ctx.metrics["decomposed"] = ", ".join(sorted({op_name(n.target) for n in kept if n.name in dropped}))
-        return PlannedProgram(program, plan)
+            return PlannedProgram(program, plan)
+        # Nothing dropped: the decomposition made here is the decompose stage's output.
+        ctx.metrics["decomposition_handed_on_s"] = round(decomposing, 3)
+        return PlannedProgram(program, plan, decomposed=edge)

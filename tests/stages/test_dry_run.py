@@ -65,6 +65,9 @@ def test_dry_run_decomposes_a_kept_op_that_would_land_on_the_cpu():
     (reason,) = plan.dropped.values()
     assert "refused by this backend's rules" in reason and "aten::matmul.out" in reason
     assert artifact.report.stage("dry_run").metrics["decomposed"] == "aten.matmul.default"
+    # It dropped a node: its decomposition kept that one whole, so the decompose stage makes its own.
+    assert artifact.stages["dry_run"].decomposed is None
+    assert "from_dry_run" not in artifact.report.stage("decompose").metrics
     assert "aten::matmul.out" not in artifact.program.operators
     assert compiler.compare_with_eager(artifact, model, args).max_abs_error < 1e-5
 
@@ -125,8 +128,15 @@ def test_the_dry_run_answer_is_plan_data_and_a_resume_runs_the_same_stages(tmp_p
     dry_run = artifact.report.stage("dry_run")
     assert "uint8" in dry_run.metrics["because"] and dry_run.metrics["kept"] == 1
     planned = artifact.stages["dry_run"]
-    assert set(attrs.fields_dict(type(planned))) == {"program", "keep_whole"}
+    assert set(attrs.fields_dict(type(planned))) == {"program", "keep_whole", "decomposed"}
+    # It dropped nothing, so its decomposition is the decompose stage's output, made once...
+    assert artifact.stages["decompose"] is planned.decomposed
+    assert artifact.report.stage("decompose").metrics == {"from_dry_run": True}
+    assert artifact.report.stage("dry_run").metrics["decomposition_handed_on_s"] > 0
+    # ...and never saved: a resumed run decomposes anew, from the plan alone, to the same program.
     resumed = compiler.compile(None, resume_from=tmp_path / "03-dry_run.stage")
+    assert "from_dry_run" not in resumed.report.stage("decompose").metrics
+    assert resumed.stages["decompose"].program.graph_module.code == planned.decomposed.program.graph_module.code
     assert resumed.stages["decompose"].preserved_ops == artifact.stages["decompose"].preserved_ops
     assert resumed.program.plan == artifact.program.plan
     edge = artifact.stages["decompose"].program
