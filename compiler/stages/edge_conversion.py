@@ -9,11 +9,20 @@ change nothing: on a 48-block transformer each retrace costs about half a
 second. The passes and their order are ExecuTorch's; what this module adds is a
 cheap, conservative check per pass of whether the graph holds anything the
 pass rewrites. A pass without such a check always runs.
+
+The passes that only swap ops one for one (view ops for their `_copy` variants,
+ATen ops for Edge ops, memory-format ops for dim-order ops) rewrite the nodes in
+place instead of retracing, when the graph holds nothing but op calls (no
+constants, no submodules). A retrace also renames every node from its op and
+stamps fresh metadata; one copy of the graph into a fresh one at the end does the
+same (`_as_retraced`), so the program is the one stock's conversion gives.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import operator
 from typing import Callable, Iterable
 
 import torch
@@ -24,17 +33,25 @@ from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass, remove_un
 from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
 from executorch.exir.passes.remove_graph_asserts_pass import RemoveNonCoreAtenOpGraphAssertsPass
 from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
-from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
+from executorch.exir.dim_order_utils import get_dim_order
+from executorch.exir.passes.debug_handle_generator_pass import DebugHandleGeneratorPass
+from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
+from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge, should_lower_to_edge
+from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
 from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
     ReplaceBrokenOpsWithFunctionalOpsPass,
 )
 from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
 from executorch.exir.passes.convert_constant_dim_order_pass import convert_constant_dim_order_pass
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
+from torch._dispatch.python import enable_python_dispatcher
 from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
+from torch._guards import detect_fake_mode
+from torch.utils import _pytree as pytree
 
 from compiler.ir.dialect import ATEN, op_dialect
 from compiler.private_api import (
+    is_edge_op,
     aten_to_edge_passes,
     lift_constant_tensor_pass,
     transform,
@@ -94,13 +111,225 @@ def _has_mixed_types(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+def _has_scalar_for_tensor(gm: torch.fx.GraphModule) -> bool:
+    """A Python number passed where the op's schema takes a tensor (the pass makes it a constant)."""
+    for node in _calls(gm):
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for i, argument in enumerate(node.target._schema.arguments):
+            if argument.name in node.kwargs:
+                value = node.kwargs[argument.name]
+            elif not argument.kwarg_only and i < len(node.args):
+                value = node.args[i]
+            else:
+                continue
+            if isinstance(value, (bool, int, float)) and isinstance(argument.type, torch.TensorType):
+                return True
+    return False
+
+
 # Pass type -> "does the graph hold anything this pass rewrites?"
 _APPLIES: dict[type, Callable[[torch.fx.GraphModule], bool]] = {
     NormalizeTransposePass: _has_transpose,
     ReplaceBrokenOpsWithFunctionalOpsPass: _has_view_op,
+    ScalarToTensorPass: _has_scalar_for_tensor,
     SymToTensorPass: _has_symbolic_argument,
     RemoveMixedTypeOperators: _has_mixed_types,
 }
+
+
+def _is_static(value) -> bool:
+    """No symbol in a value's shape (a retrace may make fresh unbacked ones: leave those to it)."""
+    return all(
+        not isinstance(v, _SYMBOLIC) and not (isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape))
+        for v in pytree.tree_leaves(value)
+    )
+
+
+def _is_plain(gm: torch.fx.GraphModule) -> bool:
+    """Only inputs, op calls and getitems, all of static shapes: a retrace of it rebuilds nothing
+    but the nodes themselves (no constants to re-create, no submodules, no symbols)."""
+    if next(gm.named_children(), None) is not None:
+        return False
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            continue
+        if not _is_static(node.meta.get("val")):
+            return False
+        if node.op == "placeholder":
+            continue
+        if node.op != "call_function":
+            return False
+        if not (node.target is operator.getitem or isinstance(node.target, torch._ops.OpOverload) or is_edge_op(node.target)):
+            return False
+    return True
+
+
+def _fake_mode(gm: torch.fx.GraphModule):
+    """The program's fake mode, set up as a retrace sets it up (it lets real tensors in)."""
+    mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    if mode is not None:
+        mode.allow_non_fake_inputs = True
+    return mode
+
+
+def _fake_result(node: torch.fx.Node, op, mode) -> object:
+    """What `op` gives on the node's inputs' fake values: the value a retrace records."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+    with mode, enable_python_dispatcher():
+        return op(*args, **kwargs)
+
+
+def _view_copy_variant(op) -> torch._ops.OpOverload | None:
+    """The op torch's ReplaceViewOpsWithViewCopyOpsPass puts in place of `op` (None: it keeps `op`)."""
+    if op is aten._unsafe_view.default:
+        return aten.view_copy.default
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.name.startswith("aten::"):
+        return None
+    arguments = op._schema.arguments
+    if not arguments or arguments[0].alias_info is None or arguments[0].alias_info.is_write:
+        return None
+    packet = getattr(aten, op._schema.name.split("::")[1] + "_copy", None)
+    return getattr(packet, op._overloadname, None) or op  # no copy variant: the stock pass raises
+
+
+def _requires_grad(node: torch.fx.Node, mode, known: dict) -> list[bool]:
+    """Which of the node's output tensors autograd marks as requiring grad when its op runs
+    on its inputs' values, as in a retrace with grad enabled: found by running the op once
+    per op and pattern of inputs requiring grad, and kept in `known`."""
+    outputs = pytree.tree_leaves(node.meta.get("val"))
+    inputs = [v for v in pytree.tree_leaves(torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val")))]
+    pattern = tuple(isinstance(v, torch.Tensor) and v.requires_grad for v in inputs)
+    if not (torch.is_grad_enabled() and any(pattern)):
+        return [False] * len(outputs)
+    key = (node.target, pattern, len(outputs))
+    if key not in known:
+        known[key] = [isinstance(v, torch.Tensor) and v.requires_grad for v in pytree.tree_leaves(_fake_result(node, node.target, mode))]
+    return known[key]
+
+
+def _strides(value) -> list:
+    """The strides of a value's tensors (what a copy variant in place of a view may change)."""
+    return [v.stride() if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(value)]
+
+
+def _restamp_values(gm: torch.fx.GraphModule, mode, swapped: set[torch.fx.Node]) -> None:
+    """The values of a first retrace: computed afresh for swapped ops and for ops reading a
+    value whose strides changed (elementwise ops follow their input's layout), getitems'
+    taken from their op's (the same tensors), the others marked requiring grad as autograd
+    marks them."""
+    known: dict = {}
+    restrided: set[torch.fx.Node] = set()
+    for node in _calls(gm):
+        old = node.meta.get("val")
+        if node.target is operator.getitem:
+            node.meta["val"] = node.args[0].meta["val"][node.args[1]]
+        elif node in swapped or any(a in restrided for a in node.all_input_nodes):
+            node.meta["val"] = _fake_result(node, node.target, mode)
+        else:
+            for value, flag in zip(pytree.tree_leaves(node.meta.get("val")), _requires_grad(node, mode, known)):
+                if isinstance(value, torch.Tensor) and value.requires_grad != flag:
+                    value.requires_grad_(flag)
+            continue
+        if _strides(old) != _strides(node.meta["val"]):
+            restrided.add(node)
+
+
+def _copy_view_ops(gm: torch.fx.GraphModule) -> bool:
+    """View ops become their `_copy` variants, whose output is a fresh contiguous tensor."""
+    mode = _fake_mode(gm)
+    swaps = [(n, _view_copy_variant(n.target)) for n in _calls(gm)]
+    swaps = [(n, op) for n, op in swaps if op is not None]
+    if mode is None or any(op is n.target for n, op in swaps):
+        return False  # let the stock pass run (and raise on a view op without a copy variant)
+    for node, op in swaps:
+        node.target = op
+    _restamp_values(gm, mode, {n for n, _ in swaps})
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.meta["tensor_meta"] = pytree.tree_map(_no_tensor_meta, node.meta.get("val"))
+    return True
+
+
+def _use_edge_ops(gm: torch.fx.GraphModule) -> bool:
+    """ATen ops become the Edge ops of the same schema (the same values)."""
+    for node in _calls(gm):
+        if should_lower_to_edge(node.target):
+            node.target = aten_to_edge(node.target)
+    return True
+
+
+def _use_dim_order_ops(gm: torch.fx.GraphModule) -> bool:
+    """Ops taking a memory format become the dim-order ops taking the dim order it means."""
+    nodes = [n for n in _calls(gm) if is_edge_op(n.target) and n.target in DimOrderOpsMap]
+    mode = _fake_mode(gm) if nodes else None
+    if nodes and mode is None:
+        return False
+    for node in nodes:
+        kwargs = dict(node.kwargs)
+        memory_format = kwargs.pop("memory_format", torch.preserve_format)
+        first = node.args[0]
+        tensor = first.meta.get("val") if isinstance(first, torch.fx.Node) else first
+        if isinstance(tensor, torch.Tensor):
+            ndim = tensor.dim()
+        elif isinstance(first, (list, tuple)):
+            tensor, ndim = None, len(first)
+        else:
+            return False  # the stock pass raises on this
+        if memory_format in (None, torch.preserve_format):
+            kwargs["dim_order"] = [int(d) for d in tensor.dim_order()] if tensor is not None else list(range(ndim))
+        else:
+            kwargs["dim_order"] = get_dim_order(memory_format, ndim)
+        node.target = DimOrderOpsMap[node.target]
+        node.kwargs = kwargs
+        node.meta["val"] = _fake_result(node, node.target, mode)
+    return True
+
+
+# Pass type -> its rewrite in place, for a plain graph (`_is_plain`); False: run the pass.
+_IN_PLACE: dict[type, Callable[[torch.fx.GraphModule], bool]] = {
+    ReplaceViewOpsWithViewCopyOpsPass: _copy_view_ops,
+    OpReplacePass: _use_edge_ops,
+    MemoryFormatOpsPass: _use_dim_order_ops,
+}
+
+
+def _no_tensor_meta(value) -> None:
+    """A retrace records no tensor_meta for a value it holds a fake tensor for (all of ours)."""
+    return None
+
+
+def _meta_value(value):
+    """What a retrace records as a node's value (its fake tensors and symbols, nothing else)."""
+    return value if isinstance(value, (torch.Tensor, *_SYMBOLIC, int, float, bool, str)) else None
+
+
+def _as_retraced(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The graph copied into a fresh one, as a retrace rebuilds it: each node named afresh
+    from its op, in order, with the old node's meta and the value and tensor_meta a retrace
+    stamps; no op runs."""
+    graph = torch.fx.Graph()
+    graph.set_codegen(gm.graph._codegen)
+    new_nodes: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), new_nodes.__getitem__)
+        name = None
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            name = graph._target_to_str(node.target.overloadpacket.__name__)
+        new = graph.create_node(node.op, node.target, args, kwargs, name)
+        new.meta = copy.copy(node.meta)
+        if node.op != "placeholder":
+            # The tracer numbers a node it creates with autograd's counter unless it has a number.
+            new.meta.setdefault("seq_nr", torch.autograd._get_sequence_nr() - 1)
+            if node.op == "output":
+                value = torch.fx.node.map_arg(node.args[0], lambda n: n.meta.get("val"))
+            else:
+                value = node.meta.get("val")
+            new.meta["val"] = pytree.tree_map(_meta_value, value)
+            new.meta["tensor_meta"] = pytree.tree_map(_no_tensor_meta, new.meta["val"])
+        new_nodes[node] = new
+    rebuilt = torch.fx.GraphModule(torch.nn.Module(), graph)
+    rebuilt.meta = gm.meta.copy()
+    return rebuilt
 
 
 def _applies(graph_pass, gm: torch.fx.GraphModule) -> bool:
@@ -122,10 +351,18 @@ def _eliminate_dead_code(gm: torch.fx.GraphModule):
     return changed
 
 
+def _generate_debug_handles(program: ExportedProgram, graph_pass) -> None:
+    """Stock runs this in-place pass through a pass manager that verifies the whole program
+    before and after it (twice the cost of the pass); ours was verified when it was made."""
+    graph_pass(program.graph_module)
+
+
 def generate_edge_program(
     program: ExportedProgram, preserve_ops: list[torch._ops.OpOverload]
 ) -> tuple[ExportedProgram, list[str]]:
-    """The Edge program for a decomposed ATen program; also the names of the passes skipped."""
+    """The Edge program for a decomposed ATen program; also the names of the passes skipped.
+
+    The ATen program's graph may be rewritten in place: pass a program nothing else uses."""
     config = EdgeCompileConfig()
     program = remove_unused_parameters_pass(program)
     pre_replace, post_replace = aten_to_edge_passes(config)
@@ -136,12 +373,18 @@ def generate_edge_program(
         OpReplacePass(),
         MemoryFormatOpsPass(),
     ]
-    gm, skipped = program.graph_module, []
+    gm, skipped, rewritten = program.graph_module, [], False
     for graph_pass in passes:
         if not _applies(graph_pass, gm):
             skipped.append(type(unwrap_pass(graph_pass)).__name__)
             continue
+        rewrite = _IN_PLACE.get(type(unwrap_pass(graph_pass)))
+        if rewrite is not None and _is_plain(gm) and rewrite(gm):
+            rewritten = True
+            continue
         gm = graph_pass(gm).graph_module
+    if rewritten and _is_plain(gm):  # else a pass retraced it after our last rewrite
+        gm = _as_retraced(gm)
     edge = ExportedProgram(
         root=gm,
         graph=gm.graph,
@@ -158,8 +401,10 @@ def generate_edge_program(
     for graph_pass in post_replace:
         if _is_dead_code_pass(graph_pass):
             _eliminate_dead_code(edge.graph_module)
-            continue
-        edge = transform(edge, graph_pass)
+        elif isinstance(unwrap_pass(graph_pass), DebugHandleGeneratorPass):
+            _generate_debug_handles(edge, graph_pass)
+        else:
+            edge = transform(edge, graph_pass)
     _finish_edge_ops(edge)
     logger.debug("Edge conversion skipped passes that could not apply: %s", skipped)
     return edge, skipped
