@@ -1,16 +1,21 @@
 """Compile-time benchmark: stock ExecuTorch vs this driver, same models, one process.
 
-    python -m benchmarks [--quick] [--depths 12 24 48] [--json benchmarks/results/coreml.json]
+    python -m benchmarks [--quick] [--backends coreml xnnpack mlx] [--depths 12 24 48] [--runs 3]
+                         [--json benchmarks/results/compile_time.json] [--markdown benchmarks/results/compile_time.md]
 
-For each depth of a pre-norm transformer block stack (d=256, 4 heads, seq 64,
-batch 1) it compiles for Core ML twice, alternating: stock
-(`torch.export` + `to_edge_transform_and_lower(ep, [CoreMLPartitioner()])` +
-`to_executorch()`) and ours (`compiler.compile(..., backend="coreml")`), and
-prints wall time per stage, total, peak RSS growth, and the ratios ours/stock.
-It also times the dry run alone: skipped (the plain float stack) and running
-(the same stack fed a uint8 frame, with one bfloat16 block) as a fraction of
-the whole compile. With the models extra installed it also compiles the model
-suite's 48-layer GPT-2 (`n_embd=128`) both ways. Ratios, not absolute times, are
+For each backend and each depth of a pre-norm transformer block stack (d=256, 4 heads,
+seq 64, batch 1) it compiles `--runs` times each way, alternating: stock (`torch.export`
++ `to_edge_transform_and_lower(ep, [<backend's partitioner>])` + `to_executorch()`) and
+ours (`compiler.compile(..., backend=...)`). It reports the median of each: wall time per
+stage and in all, peak resident-memory growth, the ratio ours/stock, and the delegates
+and CPU kernel calls of both programs. Where stock cannot lower the stack, ours is
+timed alone and stock's error is shown.
+
+It also times the dry run: skipped (the plain stack) and running (the same stack fed a
+uint8 frame, with one bfloat16 block, where rules move kept ops to the CPU), and what the
+running one adds to that compile (its time less the decomposition it hands on to the
+decompose stage) as a fraction of the compile. With the models extra installed it compiles the model suite's
+48-layer GPT-2 (`n_embd=128`) for Core ML both ways. Ratios, not absolute times, are
 what to compare: the machines are noisy.
 """
 
@@ -21,6 +26,7 @@ import gc
 import json
 import logging
 import os
+import statistics
 import threading
 import time
 import warnings
@@ -36,8 +42,10 @@ from torch import nn  # noqa: E402
 
 import compiler  # noqa: E402
 from compiler.examples import Block, Transformer  # noqa: E402
+from compiler.private_api import deserialize_pte  # noqa: E402
 
 DIM, HEADS, SEQ = 256, 4, 64
+BACKENDS = ("coreml", "xnnpack", "mlx")
 
 
 def _rss_bytes() -> int:
@@ -101,122 +109,222 @@ def gpt2(layers: int):
     return build(layers=layers)
 
 
+def stock_partitioner(backend: str):
+    if backend == "coreml":
+        from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+        return CoreMLPartitioner()
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return XnnpackPartitioner()
+    from executorch.backends.mlx.partitioner import MLXPartitioner
+
+    return MLXPartitioner()
+
+
+def placement_counts(pte: bytes) -> dict:
+    """Delegate calls and CPU kernel calls in a `.pte`'s plan, read the same way for both."""
+    plan = deserialize_pte(pte).program.execution_plan[0]
+    kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]
+    return {"delegates": kinds.count("DelegateCall"), "cpu_ops": kinds.count("KernelCall")}
+
+
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
     start = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - start
 
 
-def stock_compile(model, inputs) -> dict:
-    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+def stock_compile(model, inputs, backend: str) -> dict:
     from executorch.exir import to_edge_transform_and_lower
 
     with peak_rss() as memory:
         with torch.no_grad():
             ep, t_export = timed(lambda: torch.export.export(model, inputs))
-        edge, t_lower = timed(lambda: to_edge_transform_and_lower(ep, partitioner=[CoreMLPartitioner()]))
-        _, t_emit = timed(lambda: edge.to_executorch().buffer)
+        edge, t_lower = timed(lambda: to_edge_transform_and_lower(ep, partitioner=[stock_partitioner(backend)]))
+        pte, t_emit = timed(lambda: edge.to_executorch().buffer)
     stages = {"export": t_export, "to_edge_transform_and_lower": t_lower, "to_executorch": t_emit}
-    return {"stages": stages, "total": sum(stages.values()), "rss_growth_mb": memory["growth_mb"]}
+    return {"stages": stages, "total": sum(stages.values()), "rss_growth_mb": memory["growth_mb"], **placement_counts(pte)}
 
 
-def our_compile(model, inputs) -> dict:
+def our_compile(model, inputs, backend: str) -> dict:
     with peak_rss() as memory:
-        artifact, total = timed(lambda: compiler.compile(model, inputs, "coreml"))
+        artifact, total = timed(lambda: compiler.compile(model, inputs, backend))
     stages = {r.stage: r.seconds + r.verify_seconds for r in artifact.report.stages}
     dry_run = artifact.report.stage("dry_run")
     return {
         "stages": stages,
         "total": total,
         "rss_growth_mb": memory["growth_mb"],
+        **placement_counts(artifact.pte),
         "dry_run_s": dry_run.seconds,
+        # What the dry run adds: its time less the decomposition it handed on to the decompose stage.
+        "dry_run_added_s": dry_run.seconds - dry_run.metrics.get("decomposition_handed_on_s", 0.0),
         "dry_run_note": dry_run.metrics.get("skipped") or dry_run.metrics.get("decomposed") or "ran, nothing dropped",
     }
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
+def median_of(runs: list[dict]) -> dict:
+    """The median of each number over the runs (stage by stage); the words of the first run."""
+    first = runs[0]
+    out = {k: v for k, v in first.items() if not isinstance(v, (int, float, dict))}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            out[key] = {k: statistics.median(r[key][k] for r in runs) for k in value}
+        elif isinstance(value, (int, float)):
+            out[key] = statistics.median(r[key] for r in runs)
+    out["totals"] = [r["total"] for r in runs]
+    return out
+
+
+def compare(model_inputs: Callable[[], tuple], backend: str, runs: int) -> dict:
+    """`runs` alternating compiles each way; stock's error instead of its numbers where it fails."""
+    stock_runs, our_runs, stock_error = [], [], None
+    for _ in range(runs):
+        if stock_error is None:
+            try:
+                stock_runs.append(stock_compile(*model_inputs(), backend))
+            except Exception as exc:  # stock's own failure is a result, not a crash of the benchmark
+                stock_error = _error(exc)
+        our_runs.append(our_compile(*model_inputs(), backend))
+    ours = median_of(our_runs)
+    result = {"ours": ours}
+    if stock_error:
+        result["stock_error"] = stock_error
+    else:
+        stock = median_of(stock_runs)
+        result |= {
+            "stock": stock,
+            "ratio_total": ours["total"] / stock["total"],
+            "ratio_rss": ours["rss_growth_mb"] / max(stock["rss_growth_mb"], 1e-9),
+        }
+    return result
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    return [_row(header, widths), _row(["-" * w for w in widths], widths), *(_row(r, widths) for r in rows)]
+
+
+def render(results: dict) -> str:
+    lines = []
+    for backend, per_backend in results["backends"].items():
+        lines += [f"## {backend}", ""]
+        header = ["depth", "stock s", "ours s", "ours/stock", "stock RSS MB", "ours RSS MB", "RSS ratio",
+                  "delegates stock/ours", "CPU ops stock/ours", "dry run skipped s", "dry run running s",
+                  "of which added s", "added / compile"]
+        rows = []
+        for depth, r in per_backend["depths"].items():
+            ours, stock = r["ours"], r.get("stock")
+            rows.append([
+                str(depth),
+                f"{stock['total']:.2f}" if stock else "failed",
+                f"{ours['total']:.2f}",
+                f"{r['ratio_total']:.2f}" if stock else "-",
+                f"{stock['rss_growth_mb']:.0f}" if stock else "-",
+                f"{ours['rss_growth_mb']:.0f}",
+                f"{r['ratio_rss']:.2f}" if stock else "-",
+                f"{stock['delegates']:.0f}/{ours['delegates']:.0f}" if stock else f"-/{ours['delegates']:.0f}",
+                f"{stock['cpu_ops']:.0f}/{ours['cpu_ops']:.0f}" if stock else f"-/{ours['cpu_ops']:.0f}",
+                f"{r['dry_run_skipped_s']:.3f}",
+                f"{r['dry_run_running_s']:.3f}",
+                f"{r['dry_run_running_added_s']:.3f}",
+                f"{r['dry_run_running_fraction']:.1%}",
+            ])
+        lines += ["```", *_table(header, rows), "```", ""]
+        for depth, r in per_backend["depths"].items():
+            if "stock_error" in r:
+                lines.append(f"depth {depth} stock failed: {r['stock_error']}")
+            else:
+                lines.append(f"depth {depth} stock: " + ", ".join(f"{k} {v:.2f}" for k, v in r["stock"]["stages"].items()))
+            lines.append(f"depth {depth} ours:  " + ", ".join(f"{k} {v:.2f}" for k, v in r["ours"]["stages"].items()))
+            lines.append(f"depth {depth} dry run when it runs: {r['dry_run_running_note']}")
+            lines.append("")
+        if "scaling_ours" in per_backend:
+            scaling = f"t({per_backend['last']})/t({per_backend['first']}): ours {per_backend['scaling_ours']:.2f}"
+            if "scaling_stock" in per_backend:
+                scaling += f", stock {per_backend['scaling_stock']:.2f}"
+            lines += [scaling, ""]
+    if "gpt2" in results:
+        r = results["gpt2"]
+        lines.append(
+            f"GPT-2 (model suite), {r['layers']} layers, n_embd=128, Core ML: stock {r['stock']['total']:.2f} s, "
+            f"ours {r['ours']['total']:.2f} s, ours/stock {r['ratio_total']:.2f}"
+        )
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="depth 4 only (a smoke run for CI)")
+    parser.add_argument("--quick", action="store_true", help="depth 4, one run, Core ML only (a smoke run for CI)")
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--depths", type=int, nargs="+", default=[12, 24, 48])
+    parser.add_argument("--runs", type=int, default=3, help="compiles each way per depth; the median is reported")
+    parser.add_argument("--no-gpt2", action="store_true", help="leave out the 48-layer GPT-2")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--markdown", help="write the tables here")
     args = parser.parse_args()
-    depths = [4] if args.quick else args.depths
+    depths, runs, backends = ([4], 1, ["coreml"]) if args.quick else (args.depths, args.runs, args.backends)
 
     logging.getLogger("coremltools").setLevel(logging.ERROR)
     logging.getLogger("executorch").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)  # ExecuTorch warns through the root logger
-    # Warm-up: imports, registries, coremltools' converter tables.
-    our_compile(*stack(1))
-    stock_compile(*stack(1))
 
-    results = {"model": {"dim": DIM, "heads": HEADS, "seq": SEQ, "batch": 1}, "depths": {}}
-    for depth in depths:
-        model, inputs = stack(depth)
-        stock = stock_compile(model, inputs)
-        ours = our_compile(model, inputs)
-        frame_model, frame_inputs = frame_stack(depth)
-        running = our_compile(frame_model, frame_inputs)
-        results["depths"][depth] = {
-            "stock": stock,
-            "ours": ours,
-            "ratio_total": ours["total"] / stock["total"],
-            "ratio_rss": ours["rss_growth_mb"] / max(stock["rss_growth_mb"], 1e-9),
-            "dry_run_skipped_s": ours["dry_run_s"],
-            "dry_run_running_s": running["dry_run_s"],
-            "dry_run_running_fraction": running["dry_run_s"] / running["total"],
-            "dry_run_running_note": running["dry_run_note"],
-            "frame_stack_total_s": running["total"],
-        }
-        print(f"depth {depth}: stock {stock['total']:.2f} s, ours {ours['total']:.2f} s", flush=True)
+    results = {"model": {"dim": DIM, "heads": HEADS, "seq": SEQ, "batch": 1}, "runs": runs, "backends": {}}
+    for backend in backends:
+        compare(lambda: stack(1), backend, 1)  # warm-up: imports, registries, converter tables
+        per_backend = {"depths": {}}
+        for depth in depths:
+            result = compare(lambda: stack(depth), backend, runs)
+            running = our_compile(*frame_stack(depth), backend)
+            result |= {
+                "dry_run_skipped_s": result["ours"]["dry_run_s"],
+                "dry_run_running_s": running["dry_run_s"],
+                "dry_run_running_added_s": running["dry_run_added_s"],
+                "dry_run_running_fraction": running["dry_run_added_s"] / running["total"],
+                "dry_run_running_note": running["dry_run_note"],
+                "frame_stack_total_s": running["total"],
+            }
+            per_backend["depths"][depth] = result
+            stock = f"{result['stock']['total']:.2f} s" if "stock" in result else "failed"
+            print(f"{backend} depth {depth}: stock {stock}, ours {result['ours']['total']:.2f} s", flush=True)
+        first, last = min(depths), max(depths)
+        if last != first:
+            at = per_backend["depths"]
+            per_backend |= {"first": first, "last": last, "scaling_ours": at[last]["ours"]["total"] / at[first]["ours"]["total"]}
+            if "stock" in at[first] and "stock" in at[last]:
+                per_backend["scaling_stock"] = at[last]["stock"]["total"] / at[first]["stock"]["total"]
+        results["backends"][backend] = per_backend
 
-    gpt2_layers = 4 if args.quick else 48
-    made = gpt2(gpt2_layers)
-    if made is not None:
-        stock, ours = stock_compile(*made), our_compile(*made)
-        results["gpt2"] = {"layers": gpt2_layers, "stock": stock, "ours": ours, "ratio_total": ours["total"] / stock["total"]}
-        print(f"gpt2 ({gpt2_layers} layers): stock {stock['total']:.2f} s, ours {ours['total']:.2f} s", flush=True)
+    if "coreml" in backends and not args.no_gpt2:
+        layers = 4 if args.quick else 48
+        if gpt2(layers) is not None:
+            results["gpt2"] = {"layers": layers, **compare(lambda: gpt2(layers), "coreml", 1)}
 
-    first, last = min(depths), max(depths)
-    if last != first:
-        results["scaling_ours"] = results["depths"][last]["ours"]["total"] / results["depths"][first]["ours"]["total"]
-        results["scaling_stock"] = (
-            results["depths"][last]["stock"]["total"] / results["depths"][first]["stock"]["total"]
-        )
-
-    print()
-    header = ["depth", "stock s", "ours s", "ours/stock", "stock RSS MB", "ours RSS MB", "RSS ratio",
-              "dry run skipped s", "dry run running s", "dry run / compile"]
-    rows = []
-    for depth, r in results["depths"].items():
-        rows.append([
-            str(depth), f"{r['stock']['total']:.2f}", f"{r['ours']['total']:.2f}", f"{r['ratio_total']:.2f}",
-            f"{r['stock']['rss_growth_mb']:.0f}", f"{r['ours']['rss_growth_mb']:.0f}", f"{r['ratio_rss']:.2f}",
-            f"{r['dry_run_skipped_s']:.3f}", f"{r['dry_run_running_s']:.3f}",
-            f"{r['dry_run_running_fraction']:.1%}",
-        ])
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    print(_row(header, widths))
-    print(_row(["-" * w for w in widths], widths))
-    for row in rows:
-        print(_row(row, widths))
-    for depth, r in results["depths"].items():
-        stock_stages = ", ".join(f"{k} {v:.2f}" for k, v in r["stock"]["stages"].items())
-        our_stages = ", ".join(f"{k} {v:.2f}" for k, v in r["ours"]["stages"].items())
-        print(f"\ndepth {depth} stock: {stock_stages}\ndepth {depth} ours:  {our_stages}")
-    if "gpt2" in results:
-        r = results["gpt2"]
-        print(f"\nGPT-2, {r['layers']} layers, n_embd=128: stock {r['stock']['total']:.2f} s, ours "
-              f"{r['ours']['total']:.2f} s, ours/stock {r['ratio_total']:.2f}")
-    if "scaling_ours" in results:
-        print(f"\nt({last})/t({first}): ours {results['scaling_ours']:.2f}, stock {results['scaling_stock']:.2f}")
+    text = render(results)
+    print("\n" + text)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(
+                "# Compile-time benchmark: stock ExecuTorch vs ours\n\n"
+                f"This machine: {os.cpu_count()} cores, torch {torch.__version__}; medians of {runs} alternating runs "
+                "in one process.\n\n"
+                "Command: `python -m benchmarks --json benchmarks/results/compile_time.json "
+                "--markdown benchmarks/results/compile_time.md`\n\n" + text
+            )
 
 
 if __name__ == "__main__":
