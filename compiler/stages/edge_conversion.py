@@ -351,10 +351,15 @@ def _eliminate_dead_code(gm: torch.fx.GraphModule):
     return changed
 
 
-def _generate_debug_handles(program: ExportedProgram, graph_pass) -> None:
+def _generate_debug_handles(program: ExportedProgram, graph_pass) -> ExportedProgram:
     """Stock runs this in-place pass through a pass manager that verifies the whole program
-    before and after it (twice the cost of the pass); ours was verified when it was made."""
+    before and after it (twice the cost of the pass); ours was verified when it was made. The
+    pass manager also records the graph's symbols in the range constraints (unbacked ones
+    are new there): a program with symbols still goes through it."""
+    if not all(_is_static(n.meta.get("val")) for n in program.graph.nodes):
+        return transform(program, graph_pass)
     graph_pass(program.graph_module)
+    return program
 
 
 def generate_edge_program(
@@ -402,7 +407,7 @@ def generate_edge_program(
         if _is_dead_code_pass(graph_pass):
             _eliminate_dead_code(edge.graph_module)
         elif isinstance(unwrap_pass(graph_pass), DebugHandleGeneratorPass):
-            _generate_debug_handles(edge, graph_pass)
+            edge = _generate_debug_handles(edge, graph_pass)
         else:
             edge = transform(edge, graph_pass)
     _finish_edge_ops(edge)
