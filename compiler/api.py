@@ -125,7 +125,13 @@ def run_pipeline(
         if output is not None:
             instruments.insert(0, StageMessages(output))
         result = Pipeline(DEFAULT_STAGES).run(
-            artifact, backend_obj, chosen, instruments, start_after=start_after, stop_after=run.stop_after
+            artifact,
+            backend_obj,
+            chosen,
+            instruments,
+            start_after=start_after,
+            stop_after=run.stop_after,
+            dependency_checks=run.dependency_checks,
         )
         report = attrs.evolve(result.report, versions=versions, resumed_from=run.resume_from, overrides=overrides)
         return attrs.evolve(result, report=report)

@@ -211,6 +211,10 @@ class RunOptions:
         "the CLI uses the cache folder $XDG_CACHE_HOME/staged-compiler/reproducers, else ~/.cache/..., where each "
         "failure gets its own folder and the newest 20 are kept)", kind=str, metavar="DIR",
     )
+    dependency_checks: bool = option(
+        False, "also run the checks ExecuTorch's to_backend and coremltools repeat after every step "
+        "(slow; for debugging a dependency)"
+    )
     # Extra instruments of the caller's, outermost first (API only).
     instruments: tuple = attrs.field(default=(), converter=tuple)
 

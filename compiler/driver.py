@@ -59,6 +59,7 @@ class Pipeline:
         *,
         start_after: str | None = None,
         stop_after: str | None = None,
+        dependency_checks: bool = False,
     ) -> PipelineRun:
         start = self.names.index(start_after) + 1 if start_after else 0
         stop = self.names.index(stop_after) if stop_after else len(self.stages) - 1
@@ -82,7 +83,7 @@ class Pipeline:
         records: list[StageRecord] = []
         artifacts: dict[str, Any] = {}
         for stage in self.stages[start : stop + 1]:
-            ctx = StageContext(backend, config.options_for(stage.name))
+            ctx = StageContext(backend, config.options_for(stage.name), dependency_checks=dependency_checks)
             artifact = self._run_stage(stage, artifact, ctx, instruments)
             record = _stage_record(stage.name, ctx.metrics, instruments)
             logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)

@@ -214,6 +214,68 @@ def deserialize_pte(pte: bytes) -> Any:
     return deserialize_pte_binary(bytes(pte))
 
 
+# --- Delegate calls while ExecuTorch emits (torch._higher_order_ops) ----------------
+
+
+@contextlib.contextmanager
+def delegate_outputs_from_call_sites(graph_module: Any) -> Iterator[None]:
+    """While the block runs, a fake-tensor trace of a delegate call in `graph_module` (what
+    `to_executorch`'s passes do when they retrace the program) makes its outputs from the
+    shapes its call site recorded, instead of torch's fake kernel of `executorch_call_delegate`
+    (`call_delegate_cpu`), which unlifts a copy of the delegate's whole original program with
+    `ExportedProgram.module()` and interprets every op of it on fake tensors, twice per
+    `to_executorch`. A call whose arguments differ in shape, stride or dtype from the recorded
+    ones, or whose recorded outputs have symbolic sizes, goes to torch's kernel. The kernel is
+    looked up and swapped in torch's private `registered_hop_fake_fns`; the emit stage runs one
+    at a time in a process (the driver's stage lock). Checked against torch 2.13 and
+    executorch 1.5.1."""
+    import torch
+    from torch._higher_order_ops.executorch_call_delegate import executorch_call_delegate
+    from torch._higher_order_ops.utils import registered_hop_fake_fns
+    from torch.utils import _pytree as pytree
+
+    def metadata(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), value.stride(), value.dtype, value.device)
+        return value
+
+    def static(value: Any) -> bool:
+        return not isinstance(value, torch.Tensor) or not any(
+            isinstance(n, torch.SymInt) for n in (*value.shape, *value.stride())
+        )
+
+    recorded: dict[int, tuple[Any, Any]] = {}
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.target is not executorch_call_delegate or "val" not in node.meta:
+                continue
+            arguments = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[1:]]
+            outputs = node.meta["val"]
+            if all(static(v) for v in pytree.tree_leaves((arguments, outputs))):
+                lowered = getattr(module, node.args[0].target)
+                recorded[id(lowered)] = (pytree.tree_map(metadata, arguments), outputs)
+
+    stock = registered_hop_fake_fns[executorch_call_delegate]
+
+    def from_call_site(lowered_module: Any, *args: Any) -> Any:
+        known = recorded.get(id(lowered_module))
+        if known is None or pytree.tree_map(metadata, list(args)) != known[0]:
+            return stock(lowered_module, *args)
+        return pytree.tree_map_only(
+            torch.Tensor,
+            lambda v: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device),
+            known[1],
+        )
+
+    registered_hop_fake_fns[executorch_call_delegate] = from_call_site
+    try:
+        yield
+    finally:
+        registered_hop_fake_fns[executorch_call_delegate] = stock
+
+
 # --- MLX delegate (executorch.backends.mlx) ----------------------------------------
 
 # The flatc bindings of the MLX schema: private, and generated on first use (see

@@ -66,6 +66,7 @@ class Backend(abc.ABC):
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         return f"the {self.name} backend does not support {op_name(node.target)}"
 
-    def lowering(self) -> ContextManager[None]:
-        """Entered around `to_backend`: where a backend installs conversion fixes."""
+    def lowering(self, dependency_checks: bool = False) -> ContextManager[None]:
+        """Entered around `to_backend`: where a backend installs conversion fixes, and skips the
+        checks its dependencies repeat after every step unless `dependency_checks`."""
         return contextlib.nullcontext()

@@ -19,6 +19,8 @@ class StageContext:
     backend: Backend
     # This stage's options: an instance of the stage's `options` class.
     options: Any = attrs.field(factory=NoOptions)
+    # The run option `dependency_checks`: let dependencies repeat their own checks (lower).
+    dependency_checks: bool = False
     # Numbers the stage wants in the report (e.g. constants folded); filled by `run`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
 

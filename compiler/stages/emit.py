@@ -9,7 +9,7 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBac
 from compiler.config import EmitOptions
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
-from compiler.private_api import deserialize_pte
+from compiler.private_api import delegate_outputs_from_call_sites, deserialize_pte
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
@@ -47,7 +47,9 @@ class Emit(Stage, name="emit", takes=LoweredProgram, returns=ExecutorchProgram, 
             extract_delegate_segments=ctx.options.extract_delegate_segments,
             emit_stacktrace=ctx.options.stacktrace,
         )
-        pte = manager.to_executorch(config).buffer
+        # Its passes retrace the program: each delegate call's outputs come from its call site.
+        with delegate_outputs_from_call_sites(program.graph_module):
+            pte = manager.to_executorch(config).buffer
         plan = deserialize_pte(pte).program.execution_plan[0]
         ctx.metrics["pte_bytes"] = len(pte)
         kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]

@@ -2,9 +2,14 @@
 
 The partition search already ran; lowering replays its tags through
 ExecuTorch's `to_backend`, whose backend `preprocess` builds each payload.
+Unless the run option `dependency_checks` is on, the checks `to_backend` and the
+backend's converter repeat after every step are skipped: our verification checks
+the stage's input and output.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from torch.export import ExportedProgram
 
@@ -14,6 +19,7 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
+from compiler.private_api import exported_program_validation_skipped
 from compiler.stages.base import Stage, StageContext
 
 METHOD = "forward"
@@ -42,6 +48,10 @@ class Lower(Stage, name="lower", takes=SplitProgram, returns=LoweredProgram):
         spec = MethodProgramsPartitionerSpec(
             {METHOD: partitioned.program}, {METHOD: ReplayPartitioner(partitioned.plan)}
         )
-        with ctx.backend.lowering():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(ctx.backend.lowering(ctx.dependency_checks))
+            if not ctx.dependency_checks:
+                # Our verification validates this stage's input and output (program_validates).
+                stack.enter_context(exported_program_validation_skipped())
             lowered = to_backend(spec)[METHOD]
         return LoweredProgram(lowered, partitioned.plan, partitioned.preserved_ops)

@@ -42,3 +42,41 @@ def test_zero_initial_state_is_not_stored():
     assert "initialized_state" not in artifact.report.stage("emit").metrics
     (out,) = compiler.run(artifact, (x,))
     torch.testing.assert_close(out, x)
+
+
+class TwoDelegates(torch.nn.Module):
+    """Two delegate calls on XNNPACK (the CPU cumsum between them), a state Core ML keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.cumsum(self.a(x).relu(), 1)).transpose(0, 1)
+
+
+@pytest.mark.parametrize("backend", ["xnnpack", "coreml", "mlx"])
+def test_emit_makes_delegate_outputs_from_call_sites_and_the_same_bytes(backend, tmp_path, monkeypatch):
+    """`to_executorch` retraces the program; torch's fake kernel of a delegate call then runs
+    the delegate's whole original program. Emit makes the call's outputs from its call site:
+    the `.pte` is byte for byte what torch's kernel gives, and that kernel never runs."""
+    import contextlib
+    import sys
+
+    import compiler.stages.emit as emit
+
+    # The module (its name is also the op's, which `import ... as` would give).
+    call_delegate = sys.modules["torch._higher_order_ops.executorch_call_delegate"]
+
+    inputs = (torch.randn(4, 6, 8),)
+    compiler.compile(TwoDelegates(), inputs, backend, stop_after="lower", dump_dir=tmp_path)
+    (stage_file,) = tmp_path.glob("*-lower.stage")
+    runs = []
+    stock_kernel = call_delegate.call_delegate_cpu
+    monkeypatch.setattr(call_delegate, "call_delegate_cpu", lambda *a: runs.append(1) or stock_kernel(*a))
+    ours = compiler.compile(None, resume_from=stage_file)
+    assert ours.program.delegate_calls >= 1 and runs == []
+    monkeypatch.setattr(emit, "delegate_outputs_from_call_sites", lambda gm: contextlib.nullcontext())
+    stock = compiler.compile(None, resume_from=stage_file)
+    assert runs, "torch's kernel ran without the shortcut"
+    assert ours.pte == stock.pte

@@ -36,7 +36,7 @@ from compiler.backends.coreml import conversion, rank, rules, search
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
-from compiler.private_api import coreml_progress_bars
+from compiler.private_api import coreml_progress_bars, mil_pass_validation_skipped
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
 # Where Core ML payloads run (the pip ExecuTorch runtime has no Core ML delegate).
@@ -288,11 +288,14 @@ class CoreMLBackend(Backend):
 
     # --- lowering ---------------------------------------------------------------------
 
-    def lowering(self):
-        """Our conversion fixes, and coremltools' progress bars as steps of the lower stage's line."""
+    def lowering(self, dependency_checks: bool = False):
+        """Our conversion fixes, coremltools' progress bars as steps of the lower stage's line,
+        and (unless `dependency_checks`) no MIL validation after each of coremltools' passes."""
         stack = contextlib.ExitStack()
         stack.enter_context(conversion.installed())
         stack.enter_context(coreml_progress_bars(progress.steps))
+        if not dependency_checks:
+            stack.enter_context(mil_pass_validation_skipped())
         return stack
 
 
