@@ -21,6 +21,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
@@ -385,3 +386,119 @@ def coreml_progress_bars(bar: Callable[..., Any]) -> Iterator[None]:
         yield
     finally:
         ops._tqdm, pass_pipeline.tqdm = saved
+
+
+# --- Checks the dependencies repeat (ExecuTorch's to_backend, coremltools) ---------
+#
+# Each entry makes one dependency check do nothing in the thread that enters it, for the
+# duration of the block: a wrapper takes the checking function's place while any thread is
+# inside such a block (the first in installs it, the last out puts the original back, also
+# on an exception) and calls the original in every thread that did not ask to skip it.
+
+_PATCH_LOCK = threading.Lock()
+_patched: dict[tuple[type, str], list] = {}  # (owner, name) -> [the original as stored, users]
+_this_thread = threading.local()  # flag name -> how many blocks of this thread set it
+
+
+def _flag(name: str) -> bool:
+    return getattr(_this_thread, name, 0) > 0
+
+
+@contextlib.contextmanager
+def _flag_set(name: str) -> Iterator[None]:
+    setattr(_this_thread, name, getattr(_this_thread, name, 0) + 1)
+    try:
+        yield
+    finally:
+        setattr(_this_thread, name, getattr(_this_thread, name) - 1)
+
+
+@contextlib.contextmanager
+def _replaced(owner: type, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """`owner.name` is `wrap(original)` while any thread is inside a block for it."""
+    key = (owner, name)
+    with _PATCH_LOCK:
+        if key not in _patched:
+            stored = owner.__dict__[name]
+            wrapper = functools.wraps(getattr(owner, name))(wrap(getattr(owner, name)))
+            setattr(owner, name, staticmethod(wrapper) if isinstance(stored, staticmethod) else wrapper)
+            _patched[key] = [stored, 0]
+        _patched[key][1] += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _patched[key][1] -= 1
+            if _patched[key][1] == 0:
+                setattr(owner, name, _patched.pop(key)[0])
+
+
+def _unless_flag(flag: str) -> Callable[[Callable], Callable]:
+    """A wrapper that does nothing in a thread where `flag` is set."""
+
+    def wrap(original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return None if _flag(flag) else original(*args, **kwargs)
+
+        return call
+
+    return wrap
+
+
+@contextlib.contextmanager
+def exported_program_validation_skipped() -> Iterator[None]:
+    """`ExportedProgram._validate` (the verifiers' check of a whole program) does nothing in
+    this thread while the block runs. `to_backend` validates the program it is given, the
+    program again after lowering, and every ExportedProgram built meanwhile validates itself
+    in its constructor (XNNPACK's preprocess builds hundreds); the lower stage's input and
+    output are validated by our own verification (`program_validates`), so these repeat it.
+    No public way turns them off: ExecuTorch's `validation_disabled()` skips only the check
+    that the partitioner left the graph alone. Checked against executorch 1.5.1 (torch 2.13)."""
+    from torch.export import ExportedProgram
+
+    with _replaced(ExportedProgram, "_validate", _unless_flag("skip_exported_program_validation")):
+        with _flag_set("skip_exported_program_validation"):
+            yield
+
+
+def _inside(flag: str) -> Callable[[Callable], Callable]:
+    """A wrapper that sets `flag` in the calling thread while the original runs."""
+
+    def wrap(original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with _flag_set(flag):
+                return original(*args, **kwargs)
+
+        return call
+
+    return wrap
+
+
+def _skipped_in_pipelines(original: Callable) -> Callable:
+    """`Program.validate`, doing nothing inside a pass pipeline of a thread that skips it."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _flag("skip_mil_pass_validation") and _flag("in_mil_pass_pipeline"):
+            return None
+        return original(*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def mil_pass_validation_skipped() -> Iterator[None]:
+    """coremltools validates the whole MIL program (`Program.validate`) before each of its three
+    pass pipelines and after every one of their ~110 passes (`PassPipelineManager.
+    apply_pipeline`), with no option to turn that off; while the block runs, those calls do
+    nothing in this thread. coremltools' validations outside the pipelines still run: the
+    torch frontend's, when the program is converted (so a conversion that builds an invalid
+    op fails there, with coremltools' error), and the MIL backend's (twice) before it
+    serializes the program, after the last pipeline. Checked against coremltools 9.0."""
+    from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
+    from coremltools.converters.mil.mil.program import Program
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced(PassPipelineManager, "apply_pipeline", _inside("in_mil_pass_pipeline")))
+        stack.enter_context(_replaced(Program, "validate", _skipped_in_pipelines))
+        stack.enter_context(_flag_set("skip_mil_pass_validation"))
+        yield
