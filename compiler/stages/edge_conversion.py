@@ -208,6 +208,19 @@ def _requires_grad(node: torch.fx.Node, mode, known: dict) -> list[bool]:
     return known[key]
 
 
+def _with_grad_flags(value, flags: list[bool]):
+    """`value` with its tensors requiring grad as `flags` say: the tensors that differ are new
+    ones (the old may be shared with the ATen program, which must not change)."""
+    leaves, spec = pytree.tree_flatten(value)
+    if all(not isinstance(v, torch.Tensor) or v.requires_grad == f for v, f in zip(leaves, flags)):
+        return value
+    flagged = [
+        v.detach().requires_grad_(f) if isinstance(v, torch.Tensor) and v.requires_grad != f else v
+        for v, f in zip(leaves, flags)
+    ]
+    return pytree.tree_unflatten(flagged, spec)
+
+
 def _strides(value) -> list:
     """The strides of a value's tensors (what a copy variant in place of a view may change)."""
     return [v.stride() if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(value)]
@@ -227,9 +240,7 @@ def _restamp_values(gm: torch.fx.GraphModule, mode, swapped: set[torch.fx.Node])
         elif node in swapped or any(a in restrided for a in node.all_input_nodes):
             node.meta["val"] = _fake_result(node, node.target, mode)
         else:
-            for value, flag in zip(pytree.tree_leaves(node.meta.get("val")), _requires_grad(node, mode, known)):
-                if isinstance(value, torch.Tensor) and value.requires_grad != flag:
-                    value.requires_grad_(flag)
+            node.meta["val"] = _with_grad_flags(old, _requires_grad(node, mode, known))
             continue
         if _strides(old) != _strides(node.meta["val"]):
             restrided.add(node)
