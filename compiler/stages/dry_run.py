@@ -19,14 +19,23 @@ cannot make such a size (`UnsupportedOperatorException: EDGE_DO_NOT_DECOMP.index
 for SmolVLA's patch-position merge kept whole for Core ML), nor is an index by a boolean
 mask whose size a check fixed (Gemma 3's image-token merge). Nor is a node that
 passes a Python number where its schema takes a Tensor (`div.Tensor_mode(i, 3)`).
+
+The backend is asked about the nodes that exist, and an op it keeps whole may exist only
+inside another op's decomposition (`aten.lstm` makes a `linear` per step, which XNNPACK
+keeps whole). Such composites are opened first (decomposed one level, their decomposition
+traced on meta tensors to find them), and the plan is made on the opened program: else
+those linears became permute + addmm, which XNNPACK refuses (its weight is no longer a
+parameter), and every step's matrix multiply ran on the CPU between two delegates.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 from torch.export import ExportedProgram
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.backends.base import Backend, KeepWhole
@@ -36,8 +45,10 @@ from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.decompose import keepable, to_edge_program
+from compiler.stages.decompose import _unbacked_symbols_kept_in, decomposition_table, keepable, to_edge_program
 from compiler.stages.partition import partition
+
+logger = logging.getLogger(__name__)
 
 
 def _traced_by_meta_kernel(why: str, size: str) -> str:
@@ -109,6 +120,87 @@ def requested_nodes(program: ExportedProgram, backend: Backend) -> tuple[list[to
     return [node for node in asked if node.name not in refused], refused
 
 
+# --- composites holding kept ops: opened before the plan is made -------------------------
+
+
+def _meta_value(value):
+    """A meta tensor like `value` (a SymInt size by its hint), or `value` itself."""
+    if isinstance(value, torch.SymInt):
+        return value.node.hint if value.node.hint is not None else 2
+    if not isinstance(value, torch.Tensor):
+        return value
+    shape = [s if isinstance(s, int) else (s.node.hint if s.node.hint is not None else 2) for s in value.shape]
+    return torch.empty(shape, dtype=value.dtype, device="meta")
+
+
+def _signature(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(_signature, value))}]"
+    return repr(value)
+
+
+# (decomposition, the signature of its arguments) -> the ops it makes: the same op over
+# the same shapes is traced once per process (compiling a model again, or each backend).
+_MADE: dict[tuple, frozenset | None] = {}
+
+
+def ops_made_by(decomposition, node: torch.fx.Node) -> frozenset | None:
+    """The ops `decomposition` makes of `node`, traced on meta tensors before dispatch (where
+    `linear` is still `linear`), or None if the trace fails."""
+    args = torch.fx.node.map_arg(node.args, lambda a: _meta_value(a.meta.get("val")))
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: _meta_value(a.meta.get("val")))
+    key = (decomposition, _signature(args), _signature(sorted(kwargs.items())))
+    if key not in _MADE:
+        try:
+            traced = make_fx(lambda *a: decomposition(*a, **kwargs), pre_dispatch=True)(*args)
+            _MADE[key] = frozenset(n.target for n in traced.graph.nodes if n.op == "call_function")
+        except Exception as exc:  # a probe: the program is decomposed as before
+            logger.debug("could not trace the decomposition of %s: %s", node.name, exc)
+            _MADE[key] = None
+    return _MADE[key]
+
+
+def composites_holding(program: ExportedProgram, keep_ops: set) -> dict:
+    """Op -> its decomposition, for each op of `program` the backend does not keep whole
+    whose decomposition makes an op it does and a table would decompose (`aten.lstm` makes
+    `linear`s). A kept core op (`index`, `full`) is left whole anyway: opening a composite
+    for it gains nothing, and costs a retrace that turns `reshape` into `view` (which the
+    full decomposition after it can fail on, as SmolVLM's vision tower did for Core ML)."""
+    if not keep_ops:
+        return {}
+    table = decomposition_table(program, set())
+    decomposed = {op for op in keep_ops if op in table}
+    if not decomposed:
+        return {}
+    found, probed = {}, set()
+    for node in call_nodes(program):
+        op = node.target
+        if op in keep_ops or op in probed or op not in table:
+            continue
+        probed.add(op)
+        made = ops_made_by(table[op], node)
+        if made and (made - {op}) & decomposed:
+            found[op] = table[op]
+    return found
+
+
+def open_composites(program: ExportedProgram, backend: Backend) -> tuple[ExportedProgram, list[str]]:
+    """`program` with every composite holding an op the backend keeps whole decomposed one
+    level, so the plan can keep those ops (`requested_nodes` sees only nodes that exist);
+    and the ops opened. Stock reaches them with a first decomposition that spares every op
+    its partitioner names; without this an LSTM's linears became permute + addmm, which
+    XNNPACK refuses (the weight is no longer a parameter), and ran on the CPU."""
+    keep = backend.keep_whole(program)
+    composites = composites_holding(program, keepable(keep.ops) if keep.ops else set())
+    if not composites:
+        return program, []
+    with _unbacked_symbols_kept_in(program):
+        opened = program.run_decompositions(composites)
+    return opened, sorted(op_name(op) for op in composites)
+
+
 def _aten_origin(node: torch.fx.Node) -> str:
     """The name of the ATen node an Edge node was made from."""
     sources = node.meta.get("from_node") or []
@@ -169,7 +261,9 @@ class DryRun(Stage, name="dry_run", takes=AtenProgram, returns=PlannedProgram, o
     uninterrupted one run the same code."""
 
     def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
-        program = aten.program
+        program, opened = open_composites(aten.program, ctx.backend)
+        if opened:
+            ctx.metrics["opened"] = ", ".join(opened)
         kept, refused = requested_nodes(program, ctx.backend)
         skipped, because = why_skip(program, ctx.backend, kept, ctx.options.mode)
         ctx.metrics["kept"] = len(kept)
