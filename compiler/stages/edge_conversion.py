@@ -13,9 +13,12 @@ pass rewrites. A pass without such a check always runs.
 The passes that only swap ops one for one (view ops for their `_copy` variants,
 ATen ops for Edge ops, memory-format ops for dim-order ops) rewrite the nodes in
 place instead of retracing, when the graph holds nothing but op calls (no
-constants, no submodules). A retrace also renames every node from its op and
-stamps fresh metadata; one copy of the graph into a fresh one at the end does the
-same (`_as_retraced`), so the program is the one stock's conversion gives.
+constants, no submodules, no symbols). A retrace also computes every value afresh
+(a copy variant's output is contiguous, and so are the elementwise ops reading it;
+values downstream of the parameters require grad), renames every node from its op
+and stamps fresh metadata: `_restamp_values` gives the values, and one copy of the
+graph into a fresh one at the end (`_as_retraced`) the names and metadata, so the
+program is the one stock's conversion gives.
 """
 
 from __future__ import annotations
@@ -29,20 +32,20 @@ import torch
 from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig
+from executorch.exir.dim_order_utils import get_dim_order
 from executorch.exir.passes import MemoryFormatOpsPass, OpReplacePass, remove_unused_parameters_pass
+from executorch.exir.passes.convert_constant_dim_order_pass import convert_constant_dim_order_pass
+from executorch.exir.passes.debug_handle_generator_pass import DebugHandleGeneratorPass
+from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
 from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
 from executorch.exir.passes.remove_graph_asserts_pass import RemoveNonCoreAtenOpGraphAssertsPass
 from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
-from executorch.exir.dim_order_utils import get_dim_order
-from executorch.exir.passes.debug_handle_generator_pass import DebugHandleGeneratorPass
-from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
 from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge, should_lower_to_edge
-from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
 from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import (
     ReplaceBrokenOpsWithFunctionalOpsPass,
 )
+from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
 from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
-from executorch.exir.passes.convert_constant_dim_order_pass import convert_constant_dim_order_pass
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from torch._dispatch.python import enable_python_dispatcher
 from torch._export.passes import ReplaceViewOpsWithViewCopyOpsPass
@@ -51,8 +54,8 @@ from torch.utils import _pytree as pytree
 
 from compiler.ir.dialect import ATEN, op_dialect
 from compiler.private_api import (
-    is_edge_op,
     aten_to_edge_passes,
+    is_edge_op,
     lift_constant_tensor_pass,
     transform,
     unwrap_pass,
@@ -193,18 +196,22 @@ def _view_copy_variant(op) -> torch._ops.OpOverload | None:
     return getattr(packet, op._overloadname, None) or op  # no copy variant: the stock pass raises
 
 
-def _requires_grad(node: torch.fx.Node, mode, known: dict) -> list[bool]:
+def _requires_grad(node: torch.fx.Node, mode, known: dict) -> list[bool] | None:
     """Which of the node's output tensors autograd marks as requiring grad when its op runs
     on its inputs' values, as in a retrace with grad enabled: found by running the op once
-    per op and pattern of inputs requiring grad, and kept in `known`."""
+    per op and pattern of inputs requiring grad, and kept in `known`. None: the op's output
+    layout changed with the grad flags (SDPA's kernel choice may), so its value is computed
+    afresh."""
     outputs = pytree.tree_leaves(node.meta.get("val"))
-    inputs = [v for v in pytree.tree_leaves(torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val")))]
+    inputs = pytree.tree_leaves(torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val")))
     pattern = tuple(isinstance(v, torch.Tensor) and v.requires_grad for v in inputs)
     if not (torch.is_grad_enabled() and any(pattern)):
         return [False] * len(outputs)
     key = (node.target, pattern, len(outputs))
     if key not in known:
-        known[key] = [isinstance(v, torch.Tensor) and v.requires_grad for v in pytree.tree_leaves(_fake_result(node, node.target, mode))]
+        result = _fake_result(node, node.target, mode)
+        same_layout = _strides(result) == _strides(node.meta.get("val"))
+        known[key] = [isinstance(v, torch.Tensor) and v.requires_grad for v in pytree.tree_leaves(result)] if same_layout else None
     return known[key]
 
 
@@ -239,8 +246,10 @@ def _restamp_values(gm: torch.fx.GraphModule, mode, swapped: set[torch.fx.Node])
             node.meta["val"] = node.args[0].meta["val"][node.args[1]]
         elif node in swapped or any(a in restrided for a in node.all_input_nodes):
             node.meta["val"] = _fake_result(node, node.target, mode)
+        elif (flags := _requires_grad(node, mode, known)) is None:
+            node.meta["val"] = _fake_result(node, node.target, mode)
         else:
-            node.meta["val"] = _with_grad_flags(old, _requires_grad(node, mode, known))
+            node.meta["val"] = _with_grad_flags(old, flags)
             continue
         if _strides(old) != _strides(node.meta["val"]):
             restrided.add(node)
