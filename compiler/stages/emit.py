@@ -9,7 +9,7 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBac
 from compiler.config import EmitOptions
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
-from compiler.private_api import delegate_outputs_from_call_sites, deserialize_pte
+from compiler.private_api import delegate_outputs_from_call_sites
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
@@ -49,8 +49,11 @@ class Emit(Stage, name="emit", takes=LoweredProgram, returns=ExecutorchProgram, 
         )
         # Its passes retrace the program: each delegate call's outputs come from its call site.
         with delegate_outputs_from_call_sites(program.graph_module):
-            pte = manager.to_executorch(config).buffer
-        plan = deserialize_pte(pte).program.execution_plan[0]
+            emitted = manager.to_executorch(config)
+        # The plan as emitted: reading it back from the bytes would copy every payload again.
+        plan = emitted.executorch_program.execution_plan[0]
+        pte = emitted.buffer
+        del emitted, manager  # its pieces of the .pte are joined into `pte` now
         ctx.metrics["pte_bytes"] = len(pte)
         kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]
         return ExecutorchProgram(
