@@ -64,6 +64,7 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     "bytes_removed": lambda n: f"removed {_kib(n)} of constants",
     "masks": lambda n: f"turned {_count(n, 'constant bool mask')} into index positions",
     # dry_run
+    "opened": lambda ops: f"decomposed one level first, as they hold ops the backend keeps whole: {ops}",
     "kept": lambda n: f"kept {_count(n, 'op')} whole for the backend" if n else "kept no op whole",
     "skipped": lambda why: f"no dry run needed: {why}",
     "because": lambda why: f"dry run needed: {why}",
