@@ -45,7 +45,12 @@ from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.decompose import _unbacked_symbols_kept_in, decomposition_table, keepable, to_edge_program
+from compiler.stages.decompose import (
+    _unbacked_symbols_kept_in,
+    full_decomposition_table,
+    keepable,
+    to_edge_program,
+)
 from compiler.stages.partition import partition
 
 logger = logging.getLogger(__name__)
@@ -170,7 +175,7 @@ def composites_holding(program: ExportedProgram, keep_ops: set) -> dict:
     full decomposition after it can fail on, as SmolVLM's vision tower did for Core ML)."""
     if not keep_ops:
         return {}
-    table = decomposition_table(program, set())
+    table = full_decomposition_table()
     decomposed = {op for op in keep_ops if op in table}
     if not decomposed:
         return {}
