@@ -113,6 +113,11 @@ def cast_cat_inputs(program: ExportedProgram) -> int:
                         torch.ops.aten._to_copy.default, (source,), {"dtype": out.dtype}
                     )
                 tensors[i].meta["val"] = value.to(out.dtype)
+                # The cast stands for part of the join: it carries the join's provenance, as a
+                # retrace would give it (the Edge conversion no longer retraces; MLX reads it).
+                for key in ("from_node", "stack_trace", "nn_module_stack"):
+                    if key in node.meta:
+                        tensors[i].meta[key] = node.meta[key]
                 cast += 1
         node.args = (tensors, *node.args[1:])
     if cast:

@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch.export import ExportedProgram
+from torch.fx.traceback import NodeSource, NodeSourceAction
 
 from executorch.exir import EdgeCompileConfig
 from executorch.exir.dim_order_utils import get_dim_order
@@ -337,6 +338,9 @@ def _as_retraced(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             name = graph._target_to_str(node.target.overloadpacket.__name__)
         new = graph.create_node(node.op, node.target, args, kwargs, name)
         new.meta = copy.copy(node.meta)
+        if node.op == "call_function" and "from_node" not in new.meta:
+            # A retrace records where every node it makes came from (MLX's lowering reads it).
+            new.meta["from_node"] = [NodeSource(node, "edge_conversion", NodeSourceAction.CREATE)]
         if node.op != "placeholder":
             # The tracer numbers a node it creates with autograd's counter unless it has a number.
             new.meta.setdefault("seq_nr", torch.autograd._get_sequence_nr() - 1)
