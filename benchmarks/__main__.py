@@ -2,4 +2,5 @@
 
 from benchmarks.compile_time import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -157,6 +157,10 @@ def placement_counts(pte: bytes) -> dict:
     return {"delegates": kinds.count("DelegateCall"), "cpu_ops": kinds.count("KernelCall")}
 
 
+def counted(numbers: dict, pte: bytes) -> dict:
+    return numbers | placement_counts(pte)
+
+
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
     start = time.perf_counter()
     value = fn()
@@ -176,7 +180,7 @@ def _peak_growth(backend: str, way: str, model_name: str, size: int, answer) -> 
     compile_once = stock_compile if way == "stock" else our_compile
     compile_once(*stack(1), backend)
     with peak_memory() as memory:
-        compile_once(*build(size), backend)
+        compile_once(*build(size), backend)  # the .pte is read (placement counts) after the window
     answer.send(memory)
 
 
@@ -196,7 +200,8 @@ def peak_growth_in_child(backend: str, way: str, model_name: str, size: int) -> 
     return growth
 
 
-def stock_compile(model, inputs, backend: str) -> dict:
+def stock_compile(model, inputs, backend: str) -> tuple[dict, bytes]:
+    """Stock's compile, timed stage by stage; its numbers and its `.pte`."""
     from executorch.exir import to_edge_transform_and_lower
 
     with torch.no_grad():
@@ -204,22 +209,22 @@ def stock_compile(model, inputs, backend: str) -> dict:
     edge, t_lower = timed(lambda: to_edge_transform_and_lower(ep, partitioner=[stock_partitioner(backend)]))
     pte, t_emit = timed(lambda: edge.to_executorch().buffer)
     stages = {"export": t_export, "to_edge_transform_and_lower": t_lower, "to_executorch": t_emit}
-    return {"stages": stages, "total": sum(stages.values()), **placement_counts(pte)}
+    return {"stages": stages, "total": sum(stages.values())}, pte
 
 
-def our_compile(model, inputs, backend: str) -> dict:
+def our_compile(model, inputs, backend: str) -> tuple[dict, bytes]:
+    """Our compile, timed stage by stage; its numbers and its `.pte`."""
     artifact, total = timed(lambda: compiler.compile(model, inputs, backend))
     stages = {r.stage: r.seconds + r.verify_seconds for r in artifact.report.stages}
     dry_run = artifact.report.stage("dry_run")
     return {
         "stages": stages,
         "total": total,
-        **placement_counts(artifact.pte),
         "dry_run_s": dry_run.seconds,
         # What the dry run adds: its time less the decomposition it handed on to the decompose stage.
         "dry_run_added_s": dry_run.seconds - dry_run.metrics.get("decomposition_handed_on_s", 0.0),
         "dry_run_note": dry_run.metrics.get("skipped") or dry_run.metrics.get("decomposed") or "ran, nothing dropped",
-    }
+    }, artifact.pte
 
 
 def _error(exc: Exception) -> str:
@@ -246,10 +251,10 @@ def compare(model_name: str, size: int, backend: str, runs: int) -> dict:
     for _ in range(runs):
         if stock_error is None:
             try:
-                stock_runs.append(stock_compile(*build(size), backend))
+                stock_runs.append(counted(*stock_compile(*build(size), backend)))
             except Exception as exc:  # stock's own failure is a result, not a crash of the benchmark
                 stock_error = _error(exc)
-        our_runs.append(our_compile(*build(size), backend))
+        our_runs.append(counted(*our_compile(*build(size), backend)))
     ours = median_of(our_runs)
     ours |= peak_growth_in_child(backend, "ours", model_name, size)
     result = {"ours": ours}
@@ -344,7 +349,7 @@ def main() -> None:
         per_backend = {"depths": {}}
         for depth in depths:
             result = compare("stack", depth, backend, runs)
-            running = our_compile(*frame_stack(depth), backend)
+            running, _ = our_compile(*frame_stack(depth), backend)
             result |= {
                 "dry_run_skipped_s": result["ours"]["dry_run_s"],
                 "dry_run_running_s": running["dry_run_s"],

@@ -21,7 +21,7 @@ import time
 import torch
 
 import compiler
-from benchmarks.__main__ import DIM, HEADS, SEQ
+from benchmarks.compile_time import DIM, HEADS, SEQ
 from compiler.examples import Transformer
 
 
