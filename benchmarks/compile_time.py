@@ -48,7 +48,7 @@ from torch import nn  # noqa: E402
 
 import compiler  # noqa: E402
 from compiler.examples import Block, Transformer  # noqa: E402
-from compiler.private_api import deserialize_pte  # noqa: E402
+from compiler.stages.emit import pte_calls  # noqa: E402
 
 DIM, HEADS, SEQ = 256, 4, 64
 BACKENDS = ("coreml", "xnnpack", "mlx")
@@ -152,9 +152,8 @@ def stock_partitioner(backend: str):
 
 def placement_counts(pte: bytes) -> dict:
     """Delegate calls and CPU kernel calls in a `.pte`'s plan, read the same way for both."""
-    plan = deserialize_pte(pte).program.execution_plan[0]
-    kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]
-    return {"delegates": kinds.count("DelegateCall"), "cpu_ops": kinds.count("KernelCall")}
+    calls = pte_calls(pte)
+    return {"delegates": calls.delegates, "cpu_ops": calls.cpu_calls}
 
 
 def counted(numbers: dict, pte: bytes) -> dict:

@@ -19,7 +19,6 @@ stock does not have (or has fewer of) are listed. A row with more and no reason 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import logging
 import os
@@ -37,7 +36,8 @@ import torch  # noqa: E402
 
 import compiler  # noqa: E402
 from compiler import examples, model_suite  # noqa: E402
-from compiler.private_api import deserialize_pte  # noqa: E402
+from compiler.stages.emit import pte_calls  # noqa: E402
+from benchmarks.compile_time import stock_partitioner  # noqa: E402
 
 BACKENDS = ("xnnpack", "coreml", "mlx")
 
@@ -83,34 +83,10 @@ def models() -> dict[str, Callable]:
     return found
 
 
-def stock_partitioner(backend: str):
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        return XnnpackPartitioner()
-    if backend == "coreml":
-        from executorch.backends.apple.coreml.partition import CoreMLPartitioner
-
-        logging.getLogger("executorch.backends.apple.coreml").setLevel(logging.ERROR)
-        return CoreMLPartitioner()
-    from executorch.backends.mlx.partitioner import MLXPartitioner
-
-    return MLXPartitioner()
-
-
 def counts(pte: bytes) -> dict:
     """Delegate calls, CPU kernel calls, and CPU op name -> calls, of a `.pte`'s first plan."""
-    plan = deserialize_pte(pte).program.execution_plan[0]
-    delegates, ops = 0, collections.Counter()
-    for chain in plan.chains:
-        for instruction in chain.instructions:
-            kind = type(instruction.instr_args).__name__
-            if kind == "DelegateCall":
-                delegates += 1
-            elif kind == "KernelCall":
-                op = plan.operators[instruction.instr_args.op_index]
-                ops[op.name] += 1
-    return {"delegates": delegates, "cpu_ops": sum(ops.values()), "ops": dict(ops)}
+    calls = pte_calls(pte)
+    return {"delegates": calls.delegates, "cpu_ops": calls.cpu_calls, "ops": dict(calls.cpu_ops)}
 
 
 def _in_a_word(exc: BaseException) -> str:

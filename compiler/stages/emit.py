@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+
+import attrs
 from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
@@ -9,13 +12,41 @@ from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBac
 from compiler.config import EmitOptions
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
-from compiler.private_api import delegate_outputs_from_call_sites
+from compiler.private_api import delegate_outputs_from_call_sites, deserialize_pte
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.lower import METHOD
 
 
 def _operator_name(op) -> str:
     return f"{op.name}.{op.overload}" if op.overload else op.name
+
+
+@attrs.frozen
+class PlanCalls:
+    """What an execution plan calls, counted the same way for our `.pte` and stock's."""
+
+    delegates: int
+    cpu_ops: collections.Counter  # CPU kernel name (e.g. "aten::addmm") -> calls
+
+    @property
+    def cpu_calls(self) -> int:
+        return sum(self.cpu_ops.values())
+
+
+def plan_calls(plan) -> PlanCalls:
+    delegates, ops = 0, collections.Counter()
+    for chain in plan.chains:
+        for instruction in chain.instructions:
+            kind = type(instruction.instr_args).__name__
+            if kind == "DelegateCall":
+                delegates += 1
+            elif kind == "KernelCall":
+                ops[plan.operators[instruction.instr_args.op_index].name] += 1
+    return PlanCalls(delegates, ops)
+
+
+def pte_calls(pte: bytes) -> PlanCalls:
+    return plan_calls(deserialize_pte(pte).program.execution_plan[0])
 
 
 def keep_initial_state(program: ExportedProgram) -> list[str]:
@@ -55,12 +86,12 @@ class Emit(Stage, name="emit", takes=LoweredProgram, returns=ExecutorchProgram, 
         pte = emitted.buffer
         del emitted, manager  # its pieces of the .pte are joined into `pte` now
         ctx.metrics["pte_bytes"] = len(pte)
-        kinds = [type(i.instr_args).__name__ for chain in plan.chains for i in chain.instructions]
+        calls = plan_calls(plan)
         return ExecutorchProgram(
             pte=pte,
             operators=tuple(_operator_name(op) for op in plan.operators),
             delegates=tuple(d.id for d in plan.delegates),
             plan=lowered.plan,
-            kernel_calls=kinds.count("KernelCall"),
-            delegate_calls=kinds.count("DelegateCall"),
+            kernel_calls=calls.cpu_calls,
+            delegate_calls=calls.delegates,
         )

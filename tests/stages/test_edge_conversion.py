@@ -18,6 +18,7 @@ from compiler.stages.dry_run import _aten_origin
 from compiler.stages.edge_conversion import _finish_edge_ops, generate_edge_program
 from executorch.exir import EdgeCompileConfig
 from executorch.exir.program._program import _generate_edge_program
+from stages.test_unbacked_symbols import FirstPositives  # tests/stages/: an unbacked symbol sizes the output
 
 
 class MixedTypes(torch.nn.Module):
@@ -36,16 +37,6 @@ class ScalarOperand(torch.nn.Module):
 
     def forward(self, x):
         return (x.permute(1, 0) + 2.0).sum(0)
-
-
-class FirstPositives(torch.nn.Module):
-    """An integer read at run time sizes the output (an unbacked symbol)."""
-
-    def forward(self, x, y):
-        n = (x > 0).sum().item()
-        torch._check(n >= 0)
-        torch._check(n <= y.shape[0])
-        return y[:n] * 2
 
 
 def bench(depth):

@@ -216,20 +216,30 @@ def test_the_skip_is_per_thread_and_the_last_thread_out_restores(counts):
     inside, other_left = threading.Barrier(2, timeout=30), threading.Event()
     seen, errors = {}, []
 
-    def skipping() -> None:
-        try:
-            with exported_program_validation_skipped():
-                inside.wait()
-                before = counts.exported_program
-                program.validate()
-                seen["skipping"] = counts.exported_program - before
-                assert other_left.wait(timeout=30)
-                program.validate()  # still skipped after the other thread left
-                seen["after the other left"] = counts.exported_program - before
-        except BaseException as exc:
-            errors.append(exc)
-            inside.abort()
+    def reporting(body):
+        """The thread's body; a failure is kept for the test and releases the other thread."""
 
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:
+                errors.append(exc)
+                inside.abort()
+
+        return run
+
+    @reporting
+    def skipping() -> None:
+        with exported_program_validation_skipped():
+            inside.wait()
+            before = counts.exported_program
+            program.validate()
+            seen["skipping"] = counts.exported_program - before
+            assert other_left.wait(timeout=30)
+            program.validate()  # still skipped after the other thread left
+            seen["after the other left"] = counts.exported_program - before
+
+    @reporting
     def validating() -> None:
         try:
             with exported_program_validation_skipped():
@@ -237,9 +247,6 @@ def test_the_skip_is_per_thread_and_the_last_thread_out_restores(counts):
             before = counts.exported_program
             program.validate()
             seen["validating"] = counts.exported_program - before
-        except BaseException as exc:
-            errors.append(exc)
-            inside.abort()
         finally:
             other_left.set()
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import compiler
-from compiler.private_api import deserialize_pte
+from compiler.stages.emit import pte_calls
 
 
 class Lstm(torch.nn.Module):
@@ -23,20 +23,6 @@ class Lstm(torch.nn.Module):
 
     def forward(self, x):
         return self.lstm(x)[0]
-
-
-def placement_counts(pte: bytes) -> tuple[int, int, collections.Counter]:
-    """(delegate calls, CPU kernel calls, CPU op name -> calls) of a `.pte`."""
-    plan = deserialize_pte(pte).program.execution_plan[0]
-    delegates, ops = 0, collections.Counter()
-    for chain in plan.chains:
-        for instruction in chain.instructions:
-            kind = type(instruction.instr_args).__name__
-            if kind == "DelegateCall":
-                delegates += 1
-            elif kind == "KernelCall":
-                ops[plan.operators[instruction.instr_args.op_index].name] += 1
-    return delegates, sum(ops.values()), ops
 
 
 def _stock(model, args) -> bytes:
@@ -52,11 +38,11 @@ def test_lstm_placement_no_worse_than_stock(layers, steps):
     torch.manual_seed(0)
     model, args = Lstm(layers).eval(), (torch.randn(1, steps, 8),)
     artifact = compiler.compile(model, args, "xnnpack")
-    ours, stock = placement_counts(artifact.pte), placement_counts(_stock(model, args))
-    assert ours[0] <= stock[0], f"delegates: ours {ours[0]}, stock {stock[0]}"
-    assert ours[1] <= stock[1], f"CPU ops: ours {ours[2]}, stock {stock[2]}"
-    assert not {"aten::addmm", "aten::mm"} & set(ours[2]), ours[2]
-    assert artifact.program.delegate_calls == ours[0] and artifact.program.kernel_calls == ours[1]
+    ours, stock = pte_calls(artifact.pte), pte_calls(_stock(model, args))
+    assert ours.delegates <= stock.delegates, f"delegates: ours {ours.delegates}, stock {stock.delegates}"
+    assert ours.cpu_calls <= stock.cpu_calls, f"CPU ops: ours {ours.cpu_ops}, stock {stock.cpu_ops}"
+    assert not {"aten::addmm", "aten::mm"} & set(ours.cpu_ops), ours.cpu_ops
+    assert artifact.program.delegate_calls == ours.delegates and artifact.program.kernel_calls == ours.cpu_calls
     (got,) = compiler.run(artifact, args)
     torch.testing.assert_close(got, model(*args), rtol=1e-5, atol=1e-5)
 
