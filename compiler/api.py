@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -17,10 +18,14 @@ from compiler.ir.errors import ResumeError, UserInputError
 
 if TYPE_CHECKING:
     from compiler.backends.base import Backend
+    from compiler.cache import StageCache
+    from compiler.config import RunOptions
     from compiler.driver import PipelineRun
     from compiler.ir.artifacts import EagerModel, ExecutorchProgram
     from compiler.ir.report import Override, Report
     from compiler.ir.serialize import StageFile
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -132,9 +137,29 @@ def run_pipeline(
             start_after=start_after,
             stop_after=run.stop_after,
             dependency_checks=run.dependency_checks,
+            cache=_stage_cache(run, backend if isinstance(backend, Backend) else None),
         )
         report = attrs.evolve(result.report, versions=versions, resumed_from=run.resume_from, overrides=overrides)
         return attrs.evolve(result, report=report)
+
+
+def _stage_cache(run: RunOptions, given_backend: Backend | None) -> StageCache | None:
+    """The stage cache a run uses: only with `cache_dir`. A run that must see every stage
+    (dump_dir, print_after_change) stores but does not load; a resumed run has no capture
+    to key it; nor does a backend object, whose options the configuration does not hold."""
+    from compiler.cache import StageCache
+
+    if not run.cache or not run.cache_dir or run.resume_from:
+        return None
+    if given_backend is not None:
+        logger.info("stage cache not used: the backend was given as an object")
+        return None
+    return StageCache(
+        os.path.expanduser(run.cache_dir),
+        run.cache_max_mb * 2**20,
+        read=not (run.dump_dir or run.print_after_change),
+        write=run.verify,  # only verified outputs are trusted by later runs
+    )
 
 
 def _resumed_config(

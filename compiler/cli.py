@@ -327,6 +327,12 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         from compiler.instruments import default_reproducer_dir
 
         given["reproducer_dir"] = default_reproducer_dir()
+    if "cache_dir" in given:
+        given["cache_dir"] = _folder_to_write("--cache-dir", given["cache_dir"])
+    elif given.get("cache", True):
+        from compiler.cache import default_cache_dir
+
+        given["cache_dir"] = default_cache_dir()
     backend_options = _backend_options(args.backend_option) or None
 
     from compiler import api

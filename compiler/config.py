@@ -215,6 +215,17 @@ class RunOptions:
         False, "also run the checks ExecuTorch's to_backend and coremltools repeat after every step "
         "(slow; for debugging a dependency)"
     )
+    cache: bool = option(
+        True, "load a stage's output from the stage cache when its inputs, options and versions are unchanged, "
+        "and store what ran there (a run with dump_dir, print_after_change or resume_from does not load)"
+    )
+    cache_dir: str | None = option(
+        None, "the stage cache's folder (without it, the API caches nothing and the CLI uses "
+        "$XDG_CACHE_HOME/staged-compiler/stages, else ~/.cache/...)", kind=str, metavar="DIR",
+    )
+    cache_max_mb: int = option(
+        4096, "the stage cache's size limit in MB: the least recently used entries go beyond it", metavar="MB"
+    )
     # Extra instruments of the caller's, outermost first (API only).
     instruments: tuple = attrs.field(default=(), converter=tuple)
 

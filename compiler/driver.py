@@ -1,7 +1,8 @@
 """Builds a pipeline of typed stages and runs it with instruments around each stage.
 
 The loop is IREE's: skip the stages before the resume point, run each stage
-between before/after hooks with its own options, return at `stop_after`. It
+between before/after hooks with its own options, return at `stop_after`. With a
+stage cache, the stages after capture that it holds are skipped the same way. It
 knows no instrument by type: each stage's report row is what the instruments
 recorded for it, plus the numbers the stage itself reported.
 """
@@ -15,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from compiler.backends.base import Backend
+from compiler.cache import CacheRun, StageCache
 from compiler.config import CompileConfig
 from compiler.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
@@ -60,7 +62,10 @@ class Pipeline:
         start_after: str | None = None,
         stop_after: str | None = None,
         dependency_checks: bool = False,
+        cache: StageCache | None = None,
     ) -> PipelineRun:
+        """`cache`: after capture, load the last stage stored for this run and go on after it
+        (the stages skipped get cached report rows, and no instrument hook); store what runs."""
         start = self.names.index(start_after) + 1 if start_after else 0
         stop = self.names.index(stop_after) if stop_after else len(self.stages) - 1
         if start > stop or start >= len(self.stages):
@@ -82,13 +87,26 @@ class Pipeline:
             instrument.before_pipeline(config, self.names, artifact)
         records: list[StageRecord] = []
         artifacts: dict[str, Any] = {}
-        for stage in self.stages[start : stop + 1]:
+        cached: CacheRun | None = None
+        index = start
+        while index <= stop:
+            stage = self.stages[index]
             ctx = StageContext(backend, config.options_for(stage.name), dependency_checks=dependency_checks)
             artifact = self._run_stage(stage, artifact, ctx, instruments)
             record = _stage_record(stage.name, ctx.metrics, instruments)
             logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)
             records.append(record)
             artifacts[stage.name] = artifact
+            if cached is not None:
+                cached.store(stage.name, artifact, record)
+            elif cache is not None and index == 0:
+                # Capture's output keys every later stage: skip to after the last one stored.
+                cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
+                if cached is not None and cached.hit is not None:
+                    records += cached.hit.records
+                    artifact = artifacts[cached.hit.stage] = cached.hit.artifact
+                    index = self.names.index(cached.hit.stage)
+            index += 1
         for instrument in reversed(instruments):
             instrument.after_pipeline(artifact)
 

@@ -214,15 +214,21 @@ KEPT_REPRODUCERS = 20
 _CACHED_FOLDER = re.compile(r"\d{8}T\d{6}\.\d{6}Z-")
 
 
+def user_cache_folder(name: str) -> str:
+    """`$XDG_CACHE_HOME/staged-compiler/<name>`, else `~/.cache/staged-compiler/<name>`: the
+    user's cache folder on every platform (the reproducers', the stage cache's)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):  # the XDG spec: a relative path is invalid and ignored
+        cache = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "staged-compiler", name)
+
+
 def default_reproducer_dir() -> str:
     """The user's cache folder for reproducers, on every platform: `$XDG_CACHE_HOME/staged-compiler/
     reproducers`, else `~/.cache/staged-compiler/reproducers`. Nothing is saved there unless it is
     passed as `reproducer_dir` (the CLI does); there each failure gets its own folder, and only the
     newest `KEPT_REPRODUCERS` stay."""
-    cache = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(cache):  # the XDG spec: a relative path is invalid and ignored
-        cache = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "staged-compiler", "reproducers")
+    return user_cache_folder("reproducers")
 
 
 class CrashReproducer(Instrument):

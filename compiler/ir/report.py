@@ -29,6 +29,10 @@ class StageRecord:
     metrics: Mapping[str, Any] = attrs.field(factory=dict)
     # What the dependencies printed, warned or logged while the stage ran (kept off the terminal).
     messages: tuple[str, ...] = ()
+    # Loaded from the stage cache instead of run (`seconds` is then the load, 0 for a stage
+    # skipped without loading); `saved_seconds`: the run and verify time its entry recorded.
+    cached: bool = False
+    saved_seconds: float | None = None
 
 
 def _cell(value: Any) -> str:
@@ -85,6 +89,11 @@ def metric_phrase(key: str, value: Any) -> str:
     """A stage's metric in words; a key without a phrase shows as `key: value`."""
     phrase = _METRIC_PHRASES.get(key)
     return phrase(value) if phrase else f"{key.replace('_', ' ')}: {_cell(value)}"
+
+
+def _cached_phrase(record: StageRecord) -> str:
+    saved = f", saved {record.saved_seconds:.3f} s" if record.saved_seconds is not None else ""
+    return f"cached{saved}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -150,7 +159,7 @@ class Report:
                 _cell(r.nodes_out),
                 _cell(r.delegates),
                 _cell(r.cpu_ops),
-                "; ".join(metric_phrase(k, v) for k, v in r.metrics.items()),
+                "; ".join(([_cached_phrase(r)] if r.cached else []) + [metric_phrase(k, v) for k, v in r.metrics.items()]),
             ]
             for r in self.stages
         ]
@@ -224,7 +233,10 @@ class Report:
             "versions": dict(self.versions),
             "resumed_from": self.resumed_from,
             "overrides": [attrs.asdict(o) for o in self.overrides],
-            "stages": [{**attrs.asdict(r), "notes": [metric_phrase(k, v) for k, v in r.metrics.items()]} for r in self.stages],
+            "stages": [
+                {**attrs.asdict(r), "notes": ([_cached_phrase(r)] if r.cached else []) + [metric_phrase(k, v) for k, v in r.metrics.items()]}
+                for r in self.stages
+            ],
             "shares": [{**attrs.asdict(s), "percent": s.percent} for s in plan.shares()] if plan else [],
             "nodes": [attrs.asdict(n) for n in plan.described()] if plan else [],
             "placement": [attrs.asdict(s) for s in self.placement],

@@ -70,7 +70,10 @@ def can_save(artifact: Any) -> bool:
     return type(artifact).__name__ in RESUMABLE_TYPES
 
 
-def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, config: CompileConfig) -> None:
+def save_stage_file(
+    path: str | os.PathLike, artifact: Any, stage: str, config: CompileConfig, extra: Mapping[str, str] | None = None
+) -> None:
+    """`extra`: more JSON members by name (the stage cache's entry record); a load ignores them."""
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "artifact": type(artifact).__name__,
@@ -97,7 +100,7 @@ def save_stage_file(path: str | os.PathLike, artifact: Any, stage: str, config: 
         n.name for n in artifact.program.graph.nodes if getattr(n.meta.get("val"), "requires_grad", False)
     ]
     with _symbolic_floats_as_placeholder_ints(artifact.program):
-        save_program(artifact.program, os.fspath(path), extra_files={MANIFEST: json.dumps(manifest)})
+        save_program(artifact.program, os.fspath(path), extra_files={**(extra or {}), MANIFEST: json.dumps(manifest)})
 
 
 def load_stage_file(path: str | os.PathLike) -> StageFile:

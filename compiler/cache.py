@@ -1,0 +1,402 @@
+"""The stage cache: a stage's output stored under a hash of everything that decides it.
+
+Keys chain. Capture always runs; the hash of what it exported (graph, signature, range
+constraints, every weight's bytes) seeds the chain, and the key of each later stage's
+output is the hash of its input's key, the stage's name and options, the backend and its
+options, the dependency versions and this compiler's own version (its package version
+and a digest of its sources, so an edited checkout never trusts old entries). Right
+after capture the driver therefore knows every later key, loads only the last stage
+whose entry exists and resumes after it; the stages before it are reported as cached
+too, with the numbers and the time their entries recorded.
+
+An entry is one file, `<key>.entry`: a stage file (`compiler.ir.serialize`) for the
+resumable artifacts, a zip of the `.pte` and its fields for emit's program; both hold a
+JSON member with the stage's report row. Writes go to a temporary file in the cache
+folder and are renamed into place, so processes may share one folder. An entry that
+does not load is logged, removed and rebuilt, never trusted. After each write the
+least recently used entries (a hit touches an entry's mtime) go until the folder is
+under its size limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+import zipfile
+from typing import Any, Mapping, Sequence
+
+import attrs
+
+from compiler.config import CompileConfig, dependency_versions
+
+logger = logging.getLogger(__name__)
+
+# Bumped when the key recipe or the entry layout changes: older entries then never match.
+CACHE_FORMAT = 1
+ENTRY_SUFFIX = ".entry"
+META = "cache_entry.json"
+_PTE = "program.pte"
+_TEMP_PREFIX = ".tmp-"
+# A temporary file older than this was left by a process that died mid-write.
+_STALE_TEMP_SECONDS = 3600.0
+
+
+def default_cache_dir() -> str:
+    """The CLI's stage cache: `$XDG_CACHE_HOME/staged-compiler/stages`, else `~/.cache/...`."""
+    from compiler.instruments import user_cache_folder
+
+    return user_cache_folder("stages")
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest() -> str:
+    root = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def project_version() -> str:
+    """This compiler's version: the package's, and a digest of its Python sources."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("staged-compiler")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{version}+{_source_digest()[:16]}"
+
+
+def _value_text(value: Any) -> str:
+    """A node's value as text: a tensor's dtype, shape, strides and grad flag; symbols by name."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"T({value.dtype},{tuple(value.shape)},{tuple(value.stride())},{value.requires_grad})"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_value_text(v) for v in value) + "]"
+    return repr(value)
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    import torch
+
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def program_digest(program: Any) -> str:
+    """sha256 of an ExportedProgram's content: the code of every graph module, each node's
+    value, the graph signature, the module call signature, the range constraints and every
+    state_dict and constant tensor (name, dtype, shape and bytes)."""
+    import torch
+
+    digest = hashlib.sha256()
+
+    def put(text: str) -> None:
+        digest.update(text.encode())
+        digest.update(b"\0")
+
+    for name, module in program.graph_module.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            put(name)
+            put(module.code)
+            for node in module.graph.nodes:
+                put(f"{node.op}|{node.name}|{node.target}|{_value_text(node.meta.get('val'))}")
+    put(str(program.graph_signature))
+    put(repr([str(entry.signature) for entry in program.module_call_graph]))
+    put(repr(sorted((str(k), str(v)) for k, v in program.range_constraints.items())))
+    for kind, tensors in (("state", program.state_dict), ("constant", program.constants)):
+        for name in sorted(tensors):
+            value = tensors[name]
+            put(f"{kind}|{name}")
+            if isinstance(value, torch.Tensor):
+                put(_value_text(value))
+                digest.update(_tensor_bytes(value))
+            else:
+                raise ValueError(f"constant {name!r} is a {type(value).__name__}, which has no content hash")
+    return digest.hexdigest()
+
+
+def _hash(data: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+@attrs.frozen
+class Hit:
+    """What a lookup found: the last stage with a usable entry, its artifact, and the
+    report rows of every stage after capture up to it (marked cached)."""
+
+    stage: str
+    artifact: Any
+    records: tuple  # of StageRecord
+
+
+class StageCache:
+    """A folder of stage outputs by key. `read=False`: nothing is looked up (entries are
+    still written); `write=False`: nothing is written."""
+
+    def __init__(self, directory: str | os.PathLike, max_bytes: int, *, read: bool = True, write: bool = True) -> None:
+        self.directory = os.fspath(directory)
+        self.max_bytes = int(max_bytes)
+        self.read, self.write = read, write
+
+    # --- keys ------------------------------------------------------------------
+
+    def keys(self, captured: Any, stages: Sequence[str], config: CompileConfig) -> dict[str, str] | None:
+        """The key of each of `stages` (those after capture, in order) for `captured`,
+        capture's output; None (logged) when the run cannot be keyed."""
+        data = config.to_json()
+        if data.get("unrecorded"):
+            logger.info(
+                "stage cache not used: backend option(s) %s cannot be recorded", ", ".join(sorted(data["unrecorded"]))
+            )
+            return None
+        try:
+            content = program_digest(captured.program)
+        except Exception as exc:
+            logger.info("stage cache not used: the captured program has no content hash (%s: %s)", type(exc).__name__, exc)
+            return None
+        common = {
+            "format": CACHE_FORMAT,
+            "versions": dependency_versions(),
+            "project": project_version(),
+        }
+        key = _hash({**common, "stage": "capture", "content": content})
+        keys: dict[str, str] = {}
+        for stage in stages:
+            key = _hash({
+                **common,
+                "input": key,
+                "stage": stage,
+                "options": data["stages"].get(stage, {}),
+                "backend": data["backend"],
+                "backend_options": data["backend_options"],
+            })
+            keys[stage] = key
+        return keys
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.directory, key + ENTRY_SUFFIX)
+
+    # --- lookup ----------------------------------------------------------------
+
+    def lookup(self, keys: Mapping[str, str]) -> Hit | None:
+        """The last of `keys` (stage -> key, in pipeline order) whose entry loads."""
+        if not self.read:
+            return None
+        order = list(keys)
+        for index in reversed(range(len(order))):
+            stage = order[index]
+            path = self.path(keys[stage])
+            if not os.path.exists(path):
+                continue
+            start = time.perf_counter()
+            try:
+                artifact, meta = self._load(path, stage, keys[stage])
+            except Exception as exc:
+                logger.warning(
+                    "stage cache: ignoring the unreadable entry for %s (%s: %s); it is rebuilt",
+                    stage, type(exc).__name__, exc,
+                )
+                _remove(path)
+                continue
+            seconds = time.perf_counter() - start
+            _touch(path)
+            records = [self._record(s, self._meta_or_none(keys[s], s)) for s in order[:index]]
+            records.append(self._record(stage, meta, seconds))
+            logger.info("stage cache: loaded %s's output in %.3f s, skipping %s", stage, seconds, ", ".join(order[: index + 1]))
+            return Hit(stage, artifact, tuple(records))
+        return None
+
+    def _load(self, path: str, stage: str, key: str) -> tuple[Any, dict]:
+        with zipfile.ZipFile(path) as archive:
+            meta = json.loads(archive.read(_member(archive, META)))
+            _check_meta(meta, stage, key)
+            if meta["artifact"] == "ExecutorchProgram":
+                from compiler.ir.artifacts import ExecutorchProgram
+                from compiler.ir.placement import PlacementPlan
+
+                fields = meta["program"]
+                artifact = ExecutorchProgram(
+                    archive.read(_PTE),
+                    tuple(fields["operators"]),
+                    tuple(fields["delegates"]),
+                    PlacementPlan.from_json(fields["plan"]),
+                    fields["kernel_calls"],
+                    fields["delegate_calls"],
+                )
+                return artifact, meta
+        # Reading a member checks its CRC: a garbled weight is refused by the load.
+        from compiler.ir.serialize import load_stage_file
+
+        stage_file = load_stage_file(path)
+        if type(stage_file.artifact).__name__ != meta["artifact"] or stage_file.stage != stage:
+            raise ValueError(f"the entry holds {type(stage_file.artifact).__name__} of {stage_file.stage}")
+        return stage_file.artifact, meta
+
+    def _meta_or_none(self, key: str, stage: str) -> dict | None:
+        path = self.path(key)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                meta = json.loads(archive.read(_member(archive, META)))
+            _check_meta(meta, stage, key)
+        except Exception as exc:
+            if os.path.exists(path):
+                logger.debug("stage cache: no report row for %s (%s)", stage, exc)
+            return None
+        _touch(path)
+        return meta
+
+    @staticmethod
+    def _record(stage: str, meta: dict | None, seconds: float = 0.0):
+        from compiler.ir.report import StageRecord
+
+        if meta is None:
+            return StageRecord(stage=stage, seconds=seconds, cached=True)
+        row = meta["record"]
+        return StageRecord(
+            stage=stage,
+            seconds=seconds,
+            nodes_in=row.get("nodes_in"),
+            nodes_out=row.get("nodes_out"),
+            delegates=row.get("delegates"),
+            cpu_ops=row.get("cpu_ops"),
+            metrics=row.get("metrics", {}),
+            cached=True,
+            saved_seconds=row.get("seconds", 0.0) + row.get("verify_seconds", 0.0),
+        )
+
+    # --- store -----------------------------------------------------------------
+
+    def store(self, key: str, stage: str, artifact: Any, record: Any, config: CompileConfig) -> bool:
+        """Writes `artifact` under `key`; False (logged) when it cannot be stored."""
+        if not self.write or os.path.exists(self.path(key)):
+            return False
+        from compiler.ir.artifacts import ExecutorchProgram
+        from compiler.ir.serialize import can_save, save_stage_file
+
+        if not (can_save(artifact) or isinstance(artifact, ExecutorchProgram)):
+            return False
+        row = attrs.asdict(record)
+        row.pop("messages", None)
+        meta = {"format": CACHE_FORMAT, "key": key, "stage": stage, "artifact": type(artifact).__name__, "record": row}
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=ENTRY_SUFFIX, dir=self.directory)
+            os.close(fd)
+        except OSError as exc:
+            logger.warning("stage cache: cannot write to %s: %s", self.directory, exc)
+            return False
+        start = time.perf_counter()
+        try:
+            if isinstance(artifact, ExecutorchProgram):
+                meta["program"] = {
+                    "operators": list(artifact.operators),
+                    "delegates": list(artifact.delegates),
+                    "plan": artifact.plan.to_json(),
+                    "kernel_calls": artifact.kernel_calls,
+                    "delegate_calls": artifact.delegate_calls,
+                }
+                with zipfile.ZipFile(temp, "w") as archive:
+                    archive.writestr(META, json.dumps(meta, default=repr))
+                    archive.writestr(_PTE, artifact.pte)
+            else:
+                save_stage_file(temp, artifact, stage, config, extra={META: json.dumps(meta, default=repr)})
+            os.replace(temp, self.path(key))
+        except Exception as exc:
+            _remove(temp)
+            logger.warning("stage cache: could not store %s's output (%s: %s)", stage, type(exc).__name__, exc)
+            return False
+        logger.debug("stage cache: stored %s's output in %.3f s", stage, time.perf_counter() - start)
+        self.evict()
+        return True
+
+    # --- eviction --------------------------------------------------------------
+
+    def evict(self) -> None:
+        """Removes the least recently used entries until the folder is under `max_bytes`
+        (and temporary files a dead writer left)."""
+        entries = []
+        now = time.time()
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.directory, name)
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            if name.startswith(_TEMP_PREFIX):
+                if now - info.st_mtime > _STALE_TEMP_SECONDS:
+                    _remove(path)
+            elif name.endswith(ENTRY_SUFFIX):
+                entries.append((info.st_mtime, info.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            _remove(path)
+            total -= size
+            logger.debug("stage cache: evicted %s", os.path.basename(path))
+
+
+class CacheRun:
+    """One compile's use of the cache: its keys, what it found, what it stores."""
+
+    def __init__(self, cache: StageCache, keys: dict[str, str], config: CompileConfig) -> None:
+        self.cache, self.keys, self.config = cache, keys, config
+        self.hit = cache.lookup(keys)
+
+    @classmethod
+    def start(cls, cache: StageCache, captured: Any, stages: Sequence[str], config: CompileConfig) -> "CacheRun | None":
+        keys = cache.keys(captured, stages, config)
+        return cls(cache, keys, config) if keys is not None else None
+
+    def store(self, stage: str, artifact: Any, record: Any) -> None:
+        if stage in self.keys:
+            self.cache.store(self.keys[stage], stage, artifact, record, self.config)
+
+
+def _member(archive: zipfile.ZipFile, name: str) -> str:
+    for member in archive.namelist():
+        if member == name or member.endswith("/" + name):
+            return member
+    raise KeyError(f"no {name} in the entry")
+
+
+def _check_meta(meta: dict, stage: str, key: str) -> None:
+    if meta.get("format") != CACHE_FORMAT or meta.get("key") != key or meta.get("stage") != stage:
+        raise ValueError(
+            f"entry of format {meta.get('format')!r} for stage {meta.get('stage')!r} (expected format {CACHE_FORMAT} for {stage})"
+        )
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
