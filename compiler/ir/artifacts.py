@@ -110,6 +110,9 @@ class EdgeProgram(_ExportedArtifact):
     """A program in the Edge dialect; `preserved_ops` were kept whole for the backend."""
 
     preserved_ops: tuple[str, ...] = ()
+    # The dry run's partition search of this very program, when it handed the program on
+    # (the partition stage's output, made already). Never saved, like `decomposed`.
+    searched: "PartitionedProgram | None" = attrs.field(default=None, eq=False, repr=False)
 
     dialect: ClassVar[str] = EDGE
     invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (inv.constants_own_their_bytes, inv.constants_row_major)

@@ -74,8 +74,11 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     "because": lambda why: f"dry run needed: {why}",
     "decomposed": lambda ops: f"decomposed after all (would run on the CPU without a kernel): {ops}",
     "decomposition_handed_on_s": lambda s: f"handed its decomposition ({s:.2f} s) on to the decompose stage",
+    "search_handed_on_s": lambda s: f"handed its partition search ({s:.2f} s) on to the partition stage",
     # decompose
     "from_dry_run": lambda _: "the dry run's decomposition, which kept exactly these ops whole",
+    # partition
+    "search_from_dry_run": lambda _: "the dry run's partition search of this very program",
     # split_constants
     "copies": lambda n: f"made {_count(n, 'constant copy', 'constant copies')} for delegates sharing one"
     if n else "no constant copies needed",

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 
+import attrs
 import torch
 from torch.export import ExportedProgram
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -219,10 +220,10 @@ def _aten_origin(node: torch.fx.Node) -> str:
 
 def dry_run(
     program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]
-) -> tuple[dict[str, str], EdgeProgram, float]:
+) -> tuple[dict[str, str], EdgeProgram, dict[str, float]]:
     """Decompose as the decompose stage will, partition, and say which kept nodes to drop
-    (ATen node name -> why it is decomposed after all); also the decomposition made, and
-    the seconds it took."""
+    (ATen node name -> why it is decomposed after all); also the decomposition made, with
+    its partition search in `searched`, and the seconds each took."""
     names = {n.name for n in kept}
     start = time.perf_counter()
     edge = to_edge_program(program, names)
@@ -230,6 +231,7 @@ def dry_run(
     # The search runs on a copy (the backend may rewrite what it partitions, as Core ML
     # does with rank-6 chains), so the Edge program stays a pure decomposition.
     searched = partition(edge, backend)
+    seconds = {"decomposition_handed_on_s": decomposing, "search_handed_on_s": time.perf_counter() - start - decomposing}
     placement = {p.node: p for p in searched.plan.nodes}
     dropped = {}
     for node in call_nodes(searched.program):
@@ -243,7 +245,7 @@ def dry_run(
                 f"kept whole it would run on the CPU ({where.reason}), where the runtime has no "
                 f"{kernel}; decomposed instead"
             )
-    return dropped, edge, decomposing
+    return dropped, attrs.evolve(edge, searched=searched), seconds
 
 
 def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], mode: str) -> tuple[str | None, str | None]:
@@ -276,12 +278,13 @@ class DryRun(Stage, name="dry_run", takes=AtenProgram, returns=PlannedProgram, o
             ctx.metrics["skipped"] = skipped
             return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
-        dropped, edge, decomposing = dry_run(program, ctx.backend, kept)
+        dropped, edge, seconds = dry_run(program, ctx.backend, kept)
         plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), {**refused, **dropped})
         ctx.metrics["kept"] = len(plan.nodes)
         if dropped:
             ctx.metrics["decomposed"] = ", ".join(sorted({op_name(n.target) for n in kept if n.name in dropped}))
             return PlannedProgram(program, plan)
-        # Nothing dropped: the decomposition made here is the decompose stage's output.
-        ctx.metrics["decomposition_handed_on_s"] = round(decomposing, 3)
+        # Nothing dropped: the decomposition made here is the decompose stage's output, and
+        # its search the partition stage's.
+        ctx.metrics.update({name: round(s, 3) for name, s in seconds.items()})
         return PlannedProgram(program, plan, decomposed=edge)

@@ -129,15 +129,22 @@ def test_the_dry_run_answer_is_plan_data_and_a_resume_runs_the_same_stages(tmp_p
     assert "uint8" in dry_run.metrics["because"] and dry_run.metrics["kept"] == 1
     planned = artifact.stages["dry_run"]
     assert set(attrs.fields_dict(type(planned))) == {"program", "keep_whole", "decomposed"}
-    # It dropped nothing, so its decomposition is the decompose stage's output, made once...
+    # It dropped nothing, so its decomposition is the decompose stage's output and its search
+    # the partition stage's, each made once...
     assert artifact.stages["decompose"] is planned.decomposed
+    assert artifact.stages["partition"] is planned.decomposed.searched
     assert artifact.report.stage("decompose").metrics == {"from_dry_run": True}
+    assert artifact.report.stage("partition").metrics == {"search_from_dry_run": True}
     assert artifact.report.stage("dry_run").metrics["decomposition_handed_on_s"] > 0
-    # ...and never saved: a resumed run decomposes anew, from the plan alone, to the same program.
+    assert artifact.report.stage("dry_run").metrics["search_handed_on_s"] > 0
+    # ...and never saved: a resumed run decomposes and partitions anew, from the plan alone,
+    # to the same programs.
     resumed = compiler.compile(None, resume_from=tmp_path / "03-dry_run.stage")
     assert "from_dry_run" not in resumed.report.stage("decompose").metrics
+    assert "search_from_dry_run" not in resumed.report.stage("partition").metrics
     assert resumed.stages["decompose"].program.graph_module.code == planned.decomposed.program.graph_module.code
     assert resumed.stages["decompose"].preserved_ops == artifact.stages["decompose"].preserved_ops
+    assert resumed.stages["partition"].program.graph_module.code == artifact.stages["partition"].program.graph_module.code
     assert resumed.program.plan == artifact.program.plan
     edge = artifact.stages["decompose"].program
     assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)  # the search ran on a copy
