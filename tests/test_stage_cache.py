@@ -1,0 +1,242 @@
+"""The stage cache: hits give the same program, any change to what decides a stage misses
+from that stage on, bad entries are rebuilt, writers share a folder, the size stays bounded."""
+
+import json
+import logging
+import multiprocessing
+import os
+
+import pytest
+import torch
+
+import compiler
+from compiler import cache as stage_cache
+from compiler.cache import ENTRY_SUFFIX, StageCache
+from compiler.cli import main
+from compiler.config import STAGE_NAMES
+from compiler.ir.artifacts import ExecutorchProgram
+from compiler.ir.placement import PlacementPlan
+from compiler.ir.report import StageRecord
+
+AFTER_CAPTURE = list(STAGE_NAMES[1:])
+
+
+class AddMul(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cumsum(self.linear(x) * 2.0, dim=-1)
+
+
+def _model():
+    torch.manual_seed(0)
+    return AddMul().eval(), (torch.randn(2, 8),)
+
+
+def _cached(artifact):
+    return [r.stage for r in artifact.report.stages if r.cached]
+
+
+def _entries(folder):
+    return sorted(name for name in os.listdir(folder) if name.endswith(ENTRY_SUFFIX))
+
+
+def _coreml_reproducible(model, inputs) -> bool:
+    first = compiler.compile(model, inputs, "coreml")
+    return first.pte == compiler.compile(model, inputs, "coreml").pte
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml"])
+def test_a_hit_gives_the_same_program_and_reports_cached_stages(tmp_path, backend):
+    model, inputs = _model()
+    if backend == "coreml" and not _coreml_reproducible(model, inputs):
+        pytest.skip("Core ML's .pte is not byte-reproducible yet")
+    cold = compiler.compile(model, inputs, backend, cache_dir=str(tmp_path))
+    assert _cached(cold) == []
+    assert len(_entries(tmp_path)) == len(AFTER_CAPTURE)
+
+    warm = compiler.compile(model, inputs, backend, cache_dir=str(tmp_path))
+    assert warm.pte == cold.pte
+    assert _cached(warm) == AFTER_CAPTURE
+    for stage in AFTER_CAPTURE:
+        row, ran = warm.report.stage(stage), cold.report.stage(stage)
+        assert row.saved_seconds == pytest.approx(ran.seconds + ran.verify_seconds)
+        assert (row.nodes_in, row.nodes_out, row.delegates, row.cpu_ops) == (ran.nodes_in, ran.nodes_out, ran.delegates, ran.cpu_ops)
+        assert row.metrics == json.loads(json.dumps(ran.metrics))
+    assert "cached, saved" in warm.report.format_stages()
+    stages = json.loads(json.dumps(warm.report.to_json()))["stages"]
+    assert [s["stage"] for s in stages if s["cached"]] == AFTER_CAPTURE
+    assert all(s["saved_seconds"] is not None for s in stages if s["cached"])
+    assert warm.program.operators == cold.program.operators and warm.program.plan == cold.program.plan
+
+
+def test_the_api_caches_only_with_a_folder_and_not_when_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    model, inputs = _model()
+    compiler.compile(model, inputs, "portable")
+    assert not (tmp_path / "xdg").exists()
+    compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path / "off"), cache=False)
+    assert not (tmp_path / "off").exists() or _entries(tmp_path / "off") == []
+
+
+def test_a_changed_weight_misses_every_stage(tmp_path):
+    model, inputs = _model()
+    compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        model.linear.weight[0, 0] += 1.0
+    changed = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    assert _cached(changed) == []
+    assert changed.pte != compiler.compile(*_model(), "xnnpack").pte
+
+
+@pytest.mark.parametrize(
+    "option, hits",
+    [
+        ({"emit_stacktrace": True}, AFTER_CAPTURE[:-1]),  # only emit reruns
+        ({"dry_run_mode": "always"}, ["fold"]),  # dry run and after rerun
+        ({"fold_skip_ops": ("aten.t.default",)}, []),  # everything after capture reruns
+    ],
+)
+def test_a_changed_stage_option_misses_from_that_stage_on(tmp_path, option, hits):
+    model, inputs = _model()
+    compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))
+    changed = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path), **option)
+    assert _cached(changed) == hits
+    again = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path), **option)
+    assert _cached(again) == AFTER_CAPTURE and again.pte == changed.pte
+
+
+def test_another_backend_or_backend_option_misses(tmp_path):
+    model, inputs = _model()
+    compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    assert _cached(compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))) == []
+    other = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), backend_options={"per_op_mode": True})
+    assert _cached(other) == []
+
+
+@pytest.mark.parametrize("patched", ["dependency_versions", "project_version"])
+def test_a_changed_version_misses(tmp_path, monkeypatch, patched):
+    model, inputs = _model()
+    compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))
+    if patched == "dependency_versions":
+        versions = stage_cache.dependency_versions()
+        monkeypatch.setattr(stage_cache, "dependency_versions", lambda: {**versions, "torch": "0.0.1"})
+    else:
+        version = stage_cache.project_version()
+        monkeypatch.setattr(stage_cache, "project_version", lambda: version + "-edited")
+    assert _cached(compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))) == []
+
+
+def test_the_project_version_follows_the_compiler_sources():
+    assert stage_cache.project_version().startswith("0.") and "+" in stage_cache.project_version()
+
+
+def test_corrupt_entries_are_logged_ignored_and_rebuilt(tmp_path, caplog):
+    model, inputs = _model()
+    cold = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    cache = StageCache(tmp_path, 2**30)
+    keys = cache.keys(cold.stages["capture"], AFTER_CAPTURE, compiler.CompileConfig(backend="xnnpack"))
+    emit, lower = cache.path(keys["emit"]), cache.path(keys["lower"])
+    with open(emit, "r+b") as f:  # garble the .pte's middle: the zip's checksum refuses it
+        data = bytearray(f.read())
+        start = data.index(cold.pte[:64])
+        data[start + 100 : start + 200] = bytes(100)
+        f.seek(0)
+        f.write(data)
+    with open(lower, "r+b") as f:  # truncate the lowered program
+        f.truncate(os.path.getsize(lower) // 2)
+
+    with caplog.at_level(logging.WARNING, logger="compiler.cache"):
+        rebuilt = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    assert rebuilt.pte == cold.pte
+    assert _cached(rebuilt) == AFTER_CAPTURE[: AFTER_CAPTURE.index("split_constants") + 1]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "compiler.cache"]
+    assert any("for emit" in w for w in warnings) and any("for lower" in w for w in warnings), warnings
+    again = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    assert _cached(again) == AFTER_CAPTURE and again.pte == cold.pte
+
+
+def test_runs_that_must_see_every_stage_store_but_do_not_load(tmp_path):
+    model, inputs = _model()
+    compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path / "cache"))
+    dumped = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path / "cache"), dump_dir=str(tmp_path / "d"))
+    assert _cached(dumped) == []
+    assert (tmp_path / "d" / "07-lower.stage").exists()
+    fresh = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path / "other"), dump_dir=str(tmp_path / "d2"))
+    assert _cached(fresh) == [] and len(_entries(tmp_path / "other")) == len(AFTER_CAPTURE)
+    resumed = compiler.compile(
+        None, resume_from=str(tmp_path / "d" / "04-decompose.stage"), cache_dir=str(tmp_path / "cache")
+    )
+    assert _cached(resumed) == [] and resumed.pte == dumped.pte
+
+
+def test_stop_after_loads_the_stage_it_stops_at(tmp_path):
+    model, inputs = _model()
+    compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    run = compiler.run_pipeline(model, inputs, "xnnpack", cache_dir=str(tmp_path), stop_after="partition")
+    assert [r.stage for r in run.report.stages if r.cached] == ["fold", "dry_run", "decompose", "partition"]
+    assert type(run.result).__name__ == "PartitionedProgram" and run.artifacts["partition"] is run.result
+
+
+def _program(size: int, fill: int) -> ExecutorchProgram:
+    return ExecutorchProgram(bytes([fill]) * size, ("aten::add.out",), (), PlacementPlan(()), 1, 0)
+
+
+def _store(folder: str, keys: list[str], fill: int, barrier) -> None:
+    cache = StageCache(folder, 2**30)
+    barrier.wait(60)  # both start writing at once, after their imports
+    for key in keys:
+        cache.store(key, "emit", _program(1 << 20, fill), StageRecord("emit", 1.0), compiler.CompileConfig())
+
+
+def test_concurrent_writers_of_one_key_leave_one_valid_entry(tmp_path):
+    keys = [f"{i:064x}" for i in range(8)]
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    workers = [context.Process(target=_store, args=(str(tmp_path), keys, fill, barrier)) for fill in (1, 2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    assert sorted(os.listdir(tmp_path)) == _entries(tmp_path) and len(_entries(tmp_path)) == len(keys)  # no temporary files left
+    cache = StageCache(tmp_path, 2**30)
+    for key in keys:
+        hit = cache.lookup({"emit": key})
+        assert hit is not None and len(hit.artifact.pte) == 1 << 20 and len(set(hit.artifact.pte)) == 1
+
+
+def test_least_recently_used_entries_are_evicted_beyond_the_limit(tmp_path):
+    entry = 100_000
+    cache = StageCache(tmp_path, int(3.5 * entry))
+    for i, key in enumerate(("a" * 64, "b" * 64, "c" * 64)):
+        cache.store(key, "emit", _program(entry, i), StageRecord("emit", 1.0), compiler.CompileConfig())
+        os.utime(cache.path(key), (1000 + i, 1000 + i))
+    assert cache.lookup({"emit": "a" * 64}) is not None  # a hit makes it the most recently used
+    cache.store("d" * 64, "emit", _program(entry, 3), StageRecord("emit", 1.0), compiler.CompileConfig())
+    assert _entries(tmp_path) == [k * 64 + ENTRY_SUFFIX for k in "acd"]
+    assert sum(os.path.getsize(tmp_path / name) for name in _entries(tmp_path)) <= cache.max_bytes
+
+
+def test_the_cli_caches_in_the_user_cache_folder_unless_told_otherwise(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    default = tmp_path / "xdg" / "staged-compiler" / "stages"
+    report = tmp_path / "report.json"
+
+    def cached(*flags):
+        assert main(["compile", "mlp", "--backend", "portable", "--report-json", str(report), *flags]) == 0
+        return [s["stage"] for s in json.loads(report.read_text())["stages"] if s["cached"]]
+
+    assert cached("--no-cache") == []
+    assert not default.exists() or _entries(default) == []
+    assert cached() == []
+    assert len(_entries(default)) == len(AFTER_CAPTURE)
+    assert cached() == AFTER_CAPTURE
+    assert cached("--no-cache") == []
+    assert cached("--cache-dir", str(tmp_path / "mine")) == []
+    assert len(_entries(tmp_path / "mine")) == len(AFTER_CAPTURE)
+    assert cached("--cache-dir", str(tmp_path / "mine")) == AFTER_CAPTURE
+    printed = capsys.readouterr()
+    assert "cached, saved" in printed.out + printed.err
