@@ -102,6 +102,26 @@ def _parser() -> argparse.ArgumentParser:
         "--no-browser", action="store_true", help="print the address instead of opening a browser"
     )
 
+    sweep_cmd = commands.add_parser(
+        "sweep", parents=[talk],
+        help="compile every job of a jobs file (models x backends x options) with a process pool or on Ray",
+    )
+    sweep_cmd.add_argument(
+        "jobs", metavar="JOBS",
+        help="a .json, .toml or .yaml file: a list of jobs (or {\"jobs\": [...]}; TOML: [[jobs]]), each with "
+        "model, backend, backend_options, any option of compile by its name (fold_skip_ops, ...), check, "
+        "tolerance, output (a .pte path; {model}, {backend}, {job} are filled in); a list expands to the "
+        "cross product",
+    )
+    sweep_cmd.add_argument(
+        "--workers", type=int, metavar="N", help="worker processes (default: the CPU count, at most one per job)"
+    )
+    sweep_cmd.add_argument(
+        "--ray", metavar="ADDRESS",
+        help="run the jobs as Ray tasks on an existing cluster (ADDRESS, or auto); pip install -e '.[ray]'",
+    )
+    _add_option_flags(sweep_cmd, only=("cache", "cache_dir", "cache_max_mb"))
+
     fuzz_cmd = commands.add_parser(
         "fuzz", parents=[talk], help="compile random programs with ours and stock ExecuTorch; compare both with eager"
     )
@@ -127,10 +147,13 @@ def _add_tolerance_flag(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _add_option_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per option of `compiler.config.options()`. Flags left out are absent from
-    the parsed namespace (SUPPRESS), so a resume can tell what was given from a default."""
+def _add_option_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
+    """One flag per option of `compiler.config.options()` (or of those named in `only`). Flags
+    left out are absent from the parsed namespace (SUPPRESS), so a resume can tell what was
+    given from a default."""
     for spec in config.options():
+        if only is not None and spec.name not in only:
+            continue
         kwargs: dict[str, Any] = {"dest": spec.name, "default": argparse.SUPPRESS, "help": spec.flag_help}
         if spec.kind is bool:
             kwargs["action"] = "store_false" if spec.default is True else "store_true"
@@ -469,6 +492,54 @@ def _visualize(args: argparse.Namespace, terminal: Terminal) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
+    """A thin layer over `compiler.sweep.sweep`: one line per job as it finishes (stderr), the
+    table (stdout), each failed job's error; exit 0 only if every job passed."""
+    from compiler import sweep
+
+    if args.workers is not None and args.workers < 1:
+        raise UserInputError(f"--workers {args.workers}: needs at least 1", hint="e.g. --workers 2")
+    given = given_options(args)
+    cache = given.get("cache", True)
+    cache_dir = None
+    if cache:
+        if "cache_dir" in given:
+            cache_dir = _folder_to_write("--cache-dir", given["cache_dir"])
+        else:
+            from compiler.cache import default_cache_dir
+
+            cache_dir = default_cache_dir()
+    jobs = sweep.expand_jobs(args.jobs)  # a bad jobs file is an error before any work
+    total = len(jobs)
+    done = 0
+
+    def progress(row: sweep.SweepRow) -> None:
+        nonlocal done
+        done += 1
+        if terminal.verbosity >= 0:
+            cells = row.cells()
+            terminal.err.print(f"[{done}/{total}] {cells[0]} {row.backend}: {cells[2]} ({row.seconds:.1f} s)",
+                               highlight=False, markup=False)
+
+    where = f"on Ray at {args.ray}" if args.ray else f"with {min(args.workers or os.cpu_count() or 1, total)} worker(s)"
+    if terminal.verbosity >= 0:
+        terminal.err.print(f"sweep: {total} job(s) {where}" + (f", stage cache {cache_dir}" if cache_dir else ""),
+                           highlight=False, markup=False)
+    rows = sweep.sweep(
+        args.jobs, workers=args.workers, ray_address=args.ray, cache_dir=cache_dir, cache=cache,
+        cache_max_mb=given.get("cache_max_mb"), on_result=progress,
+    )
+    terminal.table(sweep.TABLE_HEADER, [row.cells() for row in rows])
+    failed = [row for row in rows if not row.passed]
+    for row in failed:
+        text = row.error or (f"check failed: max abs error {row.check['max_abs_error']:.3g} above the tolerance "
+                             f"{row.check['tolerance']:.3g}" if row.check else row.status)
+        terminal.err.print(f"job {row.label}: {text}", highlight=False, markup=False)
+    if terminal.verbosity >= 0:
+        terminal.say(f"\n{len(rows) - len(failed)} of {len(rows)} job(s) passed")
+    return 0 if not failed else 1
+
+
 def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
     from compiler.fuzz import campaign, oracle
 
@@ -502,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     terminal = Terminal(-1 if getattr(args, "quiet", False) else getattr(args, "verbose", 0))
     _setup_logging(terminal)
-    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "fuzz": _fuzz, "examples": _examples}
+    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "sweep": _sweep, "fuzz": _fuzz, "examples": _examples}
     try:
         return commands[args.command](args, terminal)
     except CompileError as error:
