@@ -98,10 +98,12 @@ class Pipeline:
             records.append(record)
             artifacts[stage.name] = artifact
             if cached is not None:
-                cached.store(stage.name, artifact, record)
+                with _ONE_STAGE_AT_A_TIME:  # (de)serializing uses the same process-wide state
+                    cached.store(stage.name, artifact, record)
             elif cache is not None and index == 0:
                 # Capture's output keys every later stage: skip to after the last one stored.
-                cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
+                with _ONE_STAGE_AT_A_TIME:
+                    cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
                 if cached is not None and cached.hit is not None:
                     records += cached.hit.records
                     artifact = artifacts[cached.hit.stage] = cached.hit.artifact
