@@ -502,3 +502,35 @@ def mil_pass_validation_skipped() -> Iterator[None]:
         stack.enter_context(_replaced(Program, "validate", _skipped_in_pipelines))
         stack.enter_context(_flag_set("skip_mil_pass_validation"))
         yield
+
+
+@contextlib.contextmanager
+def coreml_payloads_rewritten(rewrite: Callable[[bytes], bytes]) -> Iterator[None]:
+    """While the block runs, each payload ExecuTorch's `CoreMLBackend.preprocess` returns in
+    this thread is `rewrite(payload)` (other threads get stock's). Stock has no hook after it
+    builds a payload and `to_backend` puts `PreprocessResult.processed_bytes` straight into
+    the lowered module (whose bytes can be changed after only through its private
+    `_processed_bytes`), so a wrapper takes `preprocess`'s place on the class while any
+    thread is inside such a block; `to_backend` looks it up there on each call (one method:
+    `preprocess_multimethod` falls back to `preprocess`). Checked against executorch 1.5.1."""
+    import dataclasses
+
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+
+    def wrap(original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            rewrites = getattr(_this_thread, "coreml_payload_rewrites", None)
+            if not rewrites:
+                return result
+            return dataclasses.replace(result, processed_bytes=rewrites[-1](result.processed_bytes))
+
+        return call
+
+    with _replaced(CoreMLBackend, "preprocess", wrap):
+        rewrites = _this_thread.__dict__.setdefault("coreml_payload_rewrites", [])
+        rewrites.append(rewrite)
+        try:
+            yield
+        finally:
+            rewrites.pop()

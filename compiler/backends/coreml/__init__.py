@@ -11,7 +11,8 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 - `rank.py`: shape-only chains through rank > 5 rewritten at rank <= 5 before the search;
 - `search.py`: the partition search that asks them;
 - `conversion.py`: fixes to coremltools' conversion, installed by `lowering()`;
-- `payload.py`: reads a Core ML payload back (its MIL program), for checks and tests.
+- `payload.py`: reads a Core ML payload back (its MIL program), for checks and tests, and
+  makes the payloads `lowering()` builds reproducible (no random identifiers).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from executorch.exir.backend.partitioner import DelegationSpec
 
 from compiler import progress
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.coreml import conversion, rank, rules, search
+from compiler.backends.coreml import conversion, payload, rank, rules, search
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
-from compiler.private_api import coreml_progress_bars, mil_pass_validation_skipped
+from compiler.private_api import coreml_payloads_rewritten, coreml_progress_bars, mil_pass_validation_skipped
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
 # Where Core ML payloads run (the pip ExecuTorch runtime has no Core ML delegate).
@@ -290,9 +291,12 @@ class CoreMLBackend(Backend):
 
     def lowering(self, dependency_checks: bool = False):
         """Our conversion fixes, coremltools' progress bars as steps of the lower stage's line,
-        and (unless `dependency_checks`) no MIL validation after each of coremltools' passes."""
+        payloads made reproducible (`payload.reproducible`: content-derived identifiers instead
+        of stock's random ones), and (unless `dependency_checks`) no MIL validation after each
+        of coremltools' passes."""
         stack = contextlib.ExitStack()
         stack.enter_context(conversion.installed())
+        stack.enter_context(coreml_payloads_rewritten(payload.reproducible))
         stack.enter_context(coreml_progress_bars(progress.steps))
         if not dependency_checks:
             stack.enter_context(mil_pass_validation_skipped())

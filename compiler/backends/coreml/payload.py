@@ -3,12 +3,17 @@
 The Core ML runtime exists only on macOS, so on other machines what the
 backend built is checked here, in the payload: the payload is a flattened
 `model.mlpackage` folder, which coremltools reads back as a model spec.
+`reproducible()` rewrites a payload stock just built without its random identifiers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import pathlib
 import tempfile
+import uuid
 from typing import Iterator
 
 import attrs
@@ -17,6 +22,8 @@ from compiler.private_api import deserialize_pte
 
 
 BACKEND_ID = "CoreMLBackend"
+
+logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -151,3 +158,151 @@ def coreml_payloads(pte: bytes) -> Iterator[bytes]:
 def read_models(pte: bytes) -> list[CoreMLModel]:
     """Every Core ML model inside a `.pte`."""
     return [read_model(payload) for payload in coreml_payloads(pte)]
+
+
+# --- Reproducible payloads ----------------------------------------------------------
+#
+# A payload is ExecuTorch's flattened folder (`executorchcoreml.flatten_directory_contents`,
+# runtime/inmemoryfs): the files' bytes one after another, then the folder tree as compact
+# JSON with sorted keys, written reversed at the end (`{"nodes": [...]}`, children before
+# their folder, the root last; a file node names its `dataRegion` {offset, size} in the
+# payload). Readers find the tree by reading back from the end, skipping zero padding.
+
+_PLACEHOLDER = "executorch_" + str(uuid.UUID(int=0))
+_NAMESPACE = uuid.NAMESPACE_URL
+
+
+def _read_tree(payload: bytes) -> tuple[str, dict]:
+    """(root name, tree), a tree mapping a file's name to its bytes and a folder's to a tree."""
+    end = len(payload.rstrip(b"\0"))
+    size = 4096
+    while True:
+        tail = payload[max(0, end - size):end][::-1].decode("latin-1")
+        try:
+            metadata, _ = json.JSONDecoder().raw_decode(tail)
+            break
+        except json.JSONDecodeError:
+            if size >= end:
+                raise
+            size *= 4
+    built: list[tuple[str, object]] = []
+    for node in metadata["nodes"]:
+        name = node["name"].encode("latin-1").decode("utf-8")
+        if node["kind"] == 0:
+            region = node["dataRegion"]
+            built.append((name, payload[region["offset"]:region["offset"] + region["size"]]))
+        else:
+            built.append((name, {child.encode("latin-1").decode("utf-8"): built[index][1]
+                                 for child, index in node["children"].items()}))
+    return built[-1]
+
+
+def _write_tree(root: str, tree: dict) -> bytes:
+    """The payload ExecuTorch's flattening writes for this tree with alignment 1 (files of
+    less than 1 GB), its nodes in name order instead of the order the folder was listed in."""
+    data: list[bytes] = []
+    nodes: list[dict] = []
+    offset = 0
+
+    def add(name: str, item) -> int:
+        nonlocal offset
+        if isinstance(item, dict):
+            children = {child: add(child, item[child]) for child in sorted(item)}
+            node = {"children": children, "dataRegion": {"offset": 0, "size": 0}, "kind": 1, "name": name}
+        else:
+            node = {"children": {}, "dataRegion": {"offset": offset, "size": len(item)}, "kind": 0, "name": name}
+            data.append(item)
+            offset += len(item)
+        nodes.append(node)
+        return len(nodes) - 1
+
+    add(root, tree)
+    text = json.dumps({"nodes": nodes}, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return b"".join(data) + text.encode("utf-8")[::-1]
+
+
+def _content_digest(tree: dict) -> str:
+    digest = hashlib.sha256()
+    for path, data in _walk(tree):
+        digest.update(f"{path}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def _walk(tree: dict, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    for name in sorted(tree):
+        if isinstance(tree[name], dict):
+            yield from _walk(tree[name], f"{prefix}{name}/")
+        else:
+            yield f"{prefix}{name}", tree[name]
+
+
+def _deterministic_specs(tree: dict) -> None:
+    """Every `.mlmodel` spec serialized with its map fields in key order (protobuf writes maps,
+    e.g. the metadata's `userDefined` and MIL op attributes, in an order that changes from
+    one process to the next)."""
+    from coremltools.proto import Model_pb2
+
+    for name, item in tree.items():
+        if isinstance(item, dict):
+            _deterministic_specs(item)
+        elif name.endswith(".mlmodel"):
+            spec = Model_pb2.Model()
+            spec.ParseFromString(item)
+            tree[name] = spec.SerializeToString(deterministic=True)
+
+
+def _deterministic_package(package: dict) -> None:
+    """A `.mlpackage`'s specs written in a fixed order, then its Manifest item ids made from
+    each item's entry and content (coremltools draws them at random), as uppercase UUIDs like
+    coremltools writes on macOS; the Manifest written as coremltools does (4-space indent,
+    sorted keys)."""
+    _deterministic_specs(package)
+    manifest = json.loads(package["Manifest.json"])
+    renamed = {}
+    for old, entry in manifest["itemInfoEntries"].items():
+        item = package.get("Data", {})  # an item's path is relative to the package's Data folder
+        for part in entry["path"].split("/"):
+            item = item.get(part, {}) if isinstance(item, dict) else {}
+        content = _content_digest(item if isinstance(item, dict) else {"": item})
+        name = f"coreml-item:{json.dumps(entry, sort_keys=True)}:sha256:{content}"
+        renamed[old] = str(uuid.uuid5(_NAMESPACE, name)).upper()
+    manifest["itemInfoEntries"] = {renamed[k]: v for k, v in manifest["itemInfoEntries"].items()}
+    if manifest.get("rootModelIdentifier") in renamed:
+        manifest["rootModelIdentifier"] = renamed[manifest["rootModelIdentifier"]]
+    package["Manifest.json"] = (json.dumps(manifest, indent=4, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def reproducible(payload: bytes) -> bytes:
+    """`payload` with nothing random or machine-dependent left in it: the same model, options
+    and versions give the same bytes.
+
+    Stock puts `"identifier": "executorch_" + uuid4()` in the payload's `metadata.json`,
+    coremltools gives the `.mlpackage`'s Manifest items random ids and writes the model
+    spec's protobuf maps in an order that differs between processes, and the flattened
+    folder lists files in the order the temporary folder did. The Core ML runtime names
+    (and may cache compiled) models by that identifier, so it cannot be a constant: it
+    becomes `executorch_` + a UUID (v5) made from the SHA-256 of the whole payload,
+    computed with the identifier set to a placeholder; Manifest ids are made from each
+    item's content; specs are written with deterministic protobuf serialization; the files
+    are written in name order. A payload this does not
+    recognise is returned unchanged, with a warning."""
+    if not payload:
+        return payload
+    try:
+        root, tree = _read_tree(payload)
+        for name, item in list(tree.items()):
+            if name.endswith(".mlpackage") and isinstance(item, dict) and "Manifest.json" in item:
+                _deterministic_package(item)
+        metadata = json.loads(tree["metadata.json"]) if "metadata.json" in tree else None
+        if metadata is None or "identifier" not in metadata:
+            return _write_tree(root, tree)
+        metadata["identifier"] = _PLACEHOLDER
+        tree["metadata.json"] = json.dumps(metadata).encode()  # as stock writes it
+        digest = hashlib.sha256(_write_tree(root, tree)).hexdigest()
+        metadata["identifier"] = "executorch_" + str(uuid.uuid5(_NAMESPACE, f"coreml-payload:sha256:{digest}"))
+        tree["metadata.json"] = json.dumps(metadata).encode()
+        return _write_tree(root, tree)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        logger.warning("coreml: payload left as stock wrote it (not reproducible): %s", exc)
+        return payload
