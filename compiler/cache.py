@@ -11,7 +11,9 @@ too, with the numbers and the time their entries recorded.
 
 An entry is one file, `<key>.entry`: a stage file (`compiler.ir.serialize`) for the
 resumable artifacts, a zip of the `.pte` and its fields for emit's program; both hold a
-JSON member with the stage's report row. Writes go to a temporary file in the cache
+JSON member with the stage's report row. A quick stage's output is not worth writing
+(`STORE_AFTER_SECONDS`): its entry holds only the row, and a later compile reruns it
+from the last stored output before it. Writes go to a temporary file in the cache
 folder and are renamed into place, so processes may share one folder. An entry that
 does not load is logged, removed and rebuilt, never trusted. After each write the
 least recently used entries (a hit touches an entry's mtime) go until the folder is
@@ -42,6 +44,10 @@ ENTRY_SUFFIX = ".entry"
 META = "cache_entry.json"
 _PTE = "program.pte"
 _TEMP_PREFIX = ".tmp-"
+# A stage's output is stored when the stages since the last stored one took at least this
+# long (run and verify); otherwise its entry holds only its report row (writing a large
+# program costs more than rerunning a quick stage). The last stage's output is always stored.
+STORE_AFTER_SECONDS = 1.0
 # A temporary file older than this was left by a process that died mid-write.
 _STALE_TEMP_SECONDS = 3600.0
 
@@ -208,6 +214,8 @@ class StageCache:
             start = time.perf_counter()
             try:
                 artifact, meta = self._load(path, stage, keys[stage])
+            except _RowOnly:
+                continue
             except Exception as exc:
                 logger.warning(
                     "stage cache: ignoring the unreadable entry for %s (%s: %s); it is rebuilt",
@@ -227,6 +235,8 @@ class StageCache:
         with zipfile.ZipFile(path) as archive:
             meta = json.loads(archive.read(_member(archive, META)))
             _check_meta(meta, stage, key)
+            if meta["artifact"] is None:
+                raise _RowOnly
             if meta["artifact"] == "ExecutorchProgram":
                 from compiler.ir.artifacts import ExecutorchProgram
                 from compiler.ir.placement import PlacementPlan
@@ -283,9 +293,10 @@ class StageCache:
 
     # --- store -----------------------------------------------------------------
 
-    def store(self, key: str, stage: str, artifact: Any, record: Any, config: CompileConfig) -> bool:
-        """Writes `artifact` under `key`; False (logged) when it cannot be stored."""
-        if not self.write or os.path.exists(self.path(key)):
+    def store(self, key: str, stage: str, artifact: Any, record: Any, config: CompileConfig, *, row_only: bool = False) -> bool:
+        """Writes `artifact` under `key` (`row_only`: only its report row); False (logged)
+        when it cannot be stored."""
+        if not self.write or self._holds(key, stage, row_only):
             return False
         from compiler.ir.artifacts import ExecutorchProgram
         from compiler.ir.serialize import can_save, save_stage_file
@@ -294,7 +305,8 @@ class StageCache:
             return False
         row = attrs.asdict(record)
         row.pop("messages", None)
-        meta = {"format": CACHE_FORMAT, "key": key, "stage": stage, "artifact": type(artifact).__name__, "record": row}
+        kind = None if row_only else type(artifact).__name__
+        meta = {"format": CACHE_FORMAT, "key": key, "stage": stage, "artifact": kind, "record": row}
         try:
             os.makedirs(self.directory, exist_ok=True)
             fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=ENTRY_SUFFIX, dir=self.directory)
@@ -304,7 +316,10 @@ class StageCache:
             return False
         start = time.perf_counter()
         try:
-            if isinstance(artifact, ExecutorchProgram):
+            if row_only:
+                with zipfile.ZipFile(temp, "w") as archive:
+                    archive.writestr(META, json.dumps(meta, default=repr))
+            elif isinstance(artifact, ExecutorchProgram):
                 meta["program"] = {
                     "operators": list(artifact.operators),
                     "delegates": list(artifact.delegates),
@@ -325,6 +340,15 @@ class StageCache:
         logger.debug("stage cache: stored %s's output in %.3f s", stage, time.perf_counter() - start)
         self.evict()
         return True
+
+    def _holds(self, key: str, stage: str, row_only: bool) -> bool:
+        """Whether the entry of `key` is there already (with its artifact, unless `row_only`)."""
+        if not os.path.exists(self.path(key)):
+            return False
+        if row_only:
+            return True
+        meta = self._meta_or_none(key, stage)
+        return meta is not None and meta["artifact"] is not None  # a broken entry is replaced
 
     # --- eviction --------------------------------------------------------------
 
@@ -363,6 +387,7 @@ class CacheRun:
     def __init__(self, cache: StageCache, keys: dict[str, str], config: CompileConfig) -> None:
         self.cache, self.keys, self.config = cache, keys, config
         self.hit = cache.lookup(keys)
+        self._unstored = 0.0  # run time of the stages since the last output stored (or loaded)
 
     @classmethod
     def start(cls, cache: StageCache, captured: Any, stages: Sequence[str], config: CompileConfig) -> "CacheRun | None":
@@ -370,8 +395,17 @@ class CacheRun:
         return cls(cache, keys, config) if keys is not None else None
 
     def store(self, stage: str, artifact: Any, record: Any) -> None:
-        if stage in self.keys:
-            self.cache.store(self.keys[stage], stage, artifact, record, self.config)
+        if stage not in self.keys:
+            return
+        self._unstored += record.seconds + record.verify_seconds
+        row_only = self._unstored < STORE_AFTER_SECONDS and stage != list(self.keys)[-1]
+        self.cache.store(self.keys[stage], stage, artifact, record, self.config, row_only=row_only)
+        if not row_only:
+            self._unstored = 0.0
+
+
+class _RowOnly(Exception):
+    """The entry holds a stage's report row, not its output."""
 
 
 def _member(archive: zipfile.ZipFile, name: str) -> str:

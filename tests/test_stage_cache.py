@@ -30,6 +30,12 @@ class AddMul(torch.nn.Module):
         return torch.cumsum(self.linear(x) * 2.0, dim=-1)
 
 
+@pytest.fixture(autouse=True)
+def store_every_stage(monkeypatch):
+    """The tiny model's stages are quicker than writing them: store each one anyway."""
+    monkeypatch.setattr(stage_cache, "STORE_AFTER_SECONDS", 0.0)
+
+
 def _model():
     torch.manual_seed(0)
     return AddMul().eval(), (torch.randn(2, 8),)
@@ -240,3 +246,21 @@ def test_the_cli_caches_in_the_user_cache_folder_unless_told_otherwise(tmp_path,
     assert cached("--cache-dir", str(tmp_path / "mine")) == AFTER_CAPTURE
     printed = capsys.readouterr()
     assert "cached, saved" in printed.out + printed.err
+
+
+def test_quick_stages_store_only_their_report_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(stage_cache, "STORE_AFTER_SECONDS", 1e9)
+    model, inputs = _model()
+    cold = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    sizes = sorted(os.path.getsize(tmp_path / name) for name in _entries(tmp_path))
+    assert len(sizes) == len(AFTER_CAPTURE) and sizes[-2] < 4096 < sizes[-1]  # only emit's output is stored
+    warm = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
+    assert _cached(warm) == AFTER_CAPTURE and warm.pte == cold.pte
+    assert warm.report.stage("lower").saved_seconds == pytest.approx(
+        cold.report.stage("lower").seconds + cold.report.stage("lower").verify_seconds
+    )
+    # Only the row of lower is stored: a changed emit option reruns every stage, then stores lower.
+    monkeypatch.setattr(stage_cache, "STORE_AFTER_SECONDS", 0.0)
+    assert _cached(compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), emit_extract_delegate_segments=False)) == []
+    again = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), emit_extract_delegate_segments=False)
+    assert _cached(again) == AFTER_CAPTURE
