@@ -90,6 +90,8 @@ class SweepRow:
     error_type: str | None = None
     error_stage: str | None = None
     compile_seconds: float | None = None  # the report's total (stage times)
+    # Each stage's seconds as the report has them (a cached stage's: its load, or 0).
+    stage_seconds: Mapping[str, float] = attrs.field(factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -397,6 +399,7 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
         delegated=_delegated(report),
         check=check,
         compile_seconds=report.total_seconds,
+        stage_seconds={r.stage: r.seconds + r.verify_seconds for r in report.stages},
     )
     return JobResult(row, artifact.pte)
 

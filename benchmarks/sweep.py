@@ -1,0 +1,140 @@
+"""Sweep benchmark: a process pool's speed-up and a warm stage cache's.
+
+    python -m benchmarks.sweep [--depths 20 16 12 8] [--backends xnnpack portable]
+                               [--json benchmarks/results/sweep.json] [--markdown benchmarks/results/sweep.md]
+
+Eight jobs (transformer block stacks of four depths, d=64, for XNNPACK and portable, largest
+first so neither worker idles at the end; no two share a stage-cache key, so a cold sweep
+reuses nothing within itself) are compiled by
+`compiler.sweep` three times: cold with `workers=1`, cold with `workers=2` (each in a fresh
+cache folder), then the `workers=2` sweep again on its now warm cache. Times are the wall
+time of the whole `compiler.sweep` call in this process, worker start-up included. Targets:
+2 workers >= 1.6x faster than 1 on 2 cores; warm <= 0.1x the cold time. Where the warm
+sweep's time goes is split into worker start-up (spawn and the pipeline's imports), building
+the models, capture (torch.export always runs: its program seeds the cache key), loading the
+cached stages, and the rest of each job (backend imports, hashing). The machine's load
+average is recorded beside each run: a shared machine's other work slows everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from compiler import sweep
+
+PIPELINE = ("capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower", "emit")
+
+
+def jobs(depths, backends) -> list[dict]:
+    return [{"model": [f"transformer:depth={d}" for d in depths], "backend": list(backends)}]
+
+
+def timed(job_list, workers: int, cache_dir: str) -> dict:
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    rows = sweep.sweep(job_list, workers=workers, cache_dir=cache_dir)
+    wall = time.perf_counter() - start
+    failed = [row for row in rows if not row.passed]
+    if failed:
+        raise SystemExit(f"sweep failed: {failed[0].label}: {failed[0].error}")
+    stage_sum = {stage: sum(row.stage_seconds.get(stage, 0.0) for row in rows) for stage in PIPELINE}
+    job_seconds = sum(row.seconds for row in rows)
+    compile_seconds = sum(row.compile_seconds or 0.0 for row in rows)
+    return {
+        "workers": workers,
+        "wall_seconds": wall,
+        "load_average_before": load,
+        "jobs": len(rows),
+        "job_seconds_sum": job_seconds,
+        "compile_seconds_sum": compile_seconds,
+        "stage_seconds_sum": stage_sum,
+        "cached_stages": sum(len(row.cached_stages) for row in rows),
+        # Wall time no job accounts for: spawning the workers, their imports, dispatch.
+        "startup_seconds": wall - job_seconds / min(workers, len(rows)),
+        "rows": [
+            {"job": row.label, "backend": row.backend, "seconds": row.seconds, "compile_seconds": row.compile_seconds,
+             "cached_stages": list(row.cached_stages), "stage_seconds": dict(row.stage_seconds)}
+            for row in rows
+        ],
+    }
+
+
+def where_warm_goes(warm: dict) -> list[tuple[str, float]]:
+    """The warm sweep's time, as the sum over jobs and the start-up (per worker, wall)."""
+    stages = warm["stage_seconds_sum"]
+    loads = sum(v for k, v in stages.items() if k != "capture")
+    rest = warm["job_seconds_sum"] - warm["compile_seconds_sum"]
+    return [
+        ("worker start-up (wall, spawn + imports)", warm["startup_seconds"]),
+        ("capture (torch.export, always runs; summed over jobs)", stages["capture"]),
+        ("loading cached stages (summed)", loads),
+        ("building models, backend imports, hashing, returning (summed)", rest),
+    ]
+
+
+def markdown(result: dict) -> str:
+    cold1, cold2, warm = result["cold_workers_1"], result["cold_workers_2"], result["warm_workers_2"]
+    speedup = cold1["wall_seconds"] / cold2["wall_seconds"]
+    warm_ratio = warm["wall_seconds"] / cold2["wall_seconds"]
+    lines = [
+        f"Sweep of {cold1['jobs']} jobs ({', '.join(result['models'])} x {', '.join(result['backends'])}) "
+        f"on {result['cpus']} CPUs; wall time of `compiler.sweep`, worker start-up included.",
+        "",
+        "| run | workers | cache | wall s | sum of job s | cached stages | load avg before |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, run, cache in (("cold", cold1, "empty"), ("cold", cold2, "empty"), ("warm", warm, "the cold run's")):
+        lines.append(
+            f"| {name} | {run['workers']} | {cache} | {run['wall_seconds']:.1f} | {run['job_seconds_sum']:.1f} | "
+            f"{run['cached_stages']} | {run['load_average_before']:.1f} |"
+        )
+    lines += [
+        "",
+        f"- 2 workers vs 1: {speedup:.2f}x faster (target >= 1.6x): {'met' if speedup >= 1.6 else 'missed'}",
+        f"- warm vs cold (2 workers): {warm_ratio:.3f}x the time (target <= 0.1x): "
+        f"{'met' if warm_ratio <= 0.1 else 'missed'}",
+        "",
+        "Where the warm sweep's time goes:",
+        "",
+        "| part | s |",
+        "|---|---|",
+    ]
+    lines += [f"| {part} | {seconds:.1f} |" for part, seconds in where_warm_goes(warm)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=[20, 16, 12, 8])
+    parser.add_argument("--backends", nargs="+", default=["xnnpack", "portable"])
+    parser.add_argument("--json", default="benchmarks/results/sweep.json")
+    parser.add_argument("--markdown", default="benchmarks/results/sweep.md")
+    args = parser.parse_args()
+    job_list = jobs(args.depths, args.backends)
+    result = {
+        "models": [f"transformer:depth={d}" for d in args.depths],
+        "backends": args.backends,
+        "cpus": os.cpu_count(),
+    }
+    with tempfile.TemporaryDirectory(prefix="sweep-bench-") as folder:
+        for workers in (1, 2):
+            cache_dir = os.path.join(folder, f"cache-{workers}")  # a fresh folder per cold run
+            print(f"cold sweep, {workers} worker(s)...", flush=True)
+            result[f"cold_workers_{workers}"] = timed(job_list, workers, cache_dir)
+        print("warm sweep, 2 workers...", flush=True)
+        result["warm_workers_2"] = timed(job_list, 2, os.path.join(folder, "cache-2"))
+    text = markdown(result)
+    print("\n" + text)
+    for path, content in ((args.json, json.dumps(result, indent=2) + "\n"), (args.markdown, text)):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(content)
+
+
+if __name__ == "__main__":
+    main()
