@@ -138,7 +138,7 @@ def test_the_dry_run_answer_is_plan_data_and_a_resume_runs_the_same_stages(tmp_p
     assert artifact.report.stage("dry_run").metrics["decomposition_handed_on_s"] > 0
     assert artifact.report.stage("dry_run").metrics["search_handed_on_s"] > 0
     # ...and never saved: a resumed run decomposes and partitions anew, from the plan alone,
-    # to the same programs.
+    # to the same programs and the same .pte.
     resumed = compiler.compile(None, resume_from=tmp_path / "03-dry_run.stage")
     assert "from_dry_run" not in resumed.report.stage("decompose").metrics
     assert "search_from_dry_run" not in resumed.report.stage("partition").metrics
@@ -146,6 +146,7 @@ def test_the_dry_run_answer_is_plan_data_and_a_resume_runs_the_same_stages(tmp_p
     assert resumed.stages["decompose"].preserved_ops == artifact.stages["decompose"].preserved_ops
     assert resumed.stages["partition"].program.graph_module.code == artifact.stages["partition"].program.graph_module.code
     assert resumed.program.plan == artifact.program.plan
+    assert resumed.pte == artifact.pte
     edge = artifact.stages["decompose"].program
     assert not any("delegation_tag" in n.meta for n in edge.graph.nodes)  # the search ran on a copy
 
