@@ -1,6 +1,7 @@
 """Compile sweeps: jobs files, cross products, mistakes named before work, a 2-worker pool and Ray."""
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -179,8 +180,12 @@ def test_a_job_row_holds_the_artifact_data_and_a_warm_cache_shows(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
 def test_ray_runs_the_same_jobs_to_the_same_bytes(pool_sweep, tmp_path):
-    ray = pytest.importorskip("ray")
+    """A local Ray instance (in this process, loopback only, 2 CPUs) runs the jobs to the
+    bytes the process pool wrote."""
+    import ray
+
     folder, *_ = pool_sweep
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
