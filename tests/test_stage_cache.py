@@ -264,3 +264,20 @@ def test_quick_stages_store_only_their_report_row(tmp_path, monkeypatch):
     assert _cached(compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), emit_extract_delegate_segments=False)) == []
     again = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), emit_extract_delegate_segments=False)
     assert _cached(again) == AFTER_CAPTURE
+
+
+def test_a_fresh_process_emits_from_a_cached_core_ml_lowering(tmp_path):
+    """A delegate's original program keeps its ops kept whole (layer_norm) when loaded: emit
+    copies the delegate, which verifies it again (in a fresh process, nothing else allows them)."""
+    import subprocess
+    import sys
+
+    def compile_(*flags):
+        command = [sys.executable, "-m", "compiler", "compile", "transformer:depth=1,dim=32", "--backend", "coreml",
+                   "--cache-dir", str(tmp_path / "cache"), "--report-json", str(tmp_path / "r.json"), *flags]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [s["stage"] for s in json.loads((tmp_path / "r.json").read_text())["stages"] if s["cached"]]
+
+    assert compile_() == []
+    assert compile_("--no-emit-extract-delegate-segments") == AFTER_CAPTURE[:-1]
