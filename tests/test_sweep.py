@@ -200,3 +200,17 @@ def test_ray_runs_the_same_jobs_to_the_same_bytes(pool_sweep, tmp_path):
     for name in ("mlp_features-8_hidden-16-portable.pte", "mlp_features-8_hidden-16-xnnpack.pte"):
         assert (tmp_path / name).read_bytes() == (folder / "out" / name).read_bytes()
     assert os.listdir(tmp_path / "cache")  # the workers filled the cache folder given
+
+
+def test_reading_jobs_imports_no_torch(tmp_path):
+    """The parent only reads, checks and dispatches: the workers import the pipeline."""
+    import subprocess
+    import sys
+
+    (tmp_path / "jobs.yaml").write_text("- model: [mlp, convnet]\n  backend: [portable, xnnpack]\n")
+    code = (
+        "import sys; from compiler import sweep; import compiler.cli; "
+        f"assert len(sweep.expand_jobs({str(tmp_path / 'jobs.yaml')!r})) == 4; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
