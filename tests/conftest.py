@@ -28,13 +28,12 @@ def small_model():
 ON_REQUEST = ("slow", "models")
 
 
-@pytest.fixture(autouse=True, scope="session")
-def cache_folder_of_the_test_run(tmp_path_factory):
-    """The CLI saves crash reproducers under the user's cache folder: the tests' go to a temporary one."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-    yield
-    patch.undo()
+@pytest.fixture(autouse=True)
+def cache_folder_of_the_test(tmp_path_factory, monkeypatch):
+    """The CLI keeps its stage cache and crash reproducers under the user's cache folder:
+    each test gets a temporary one of its own (a stage cached by one test would skip the
+    stage another test patches or watches)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 def pytest_collection_modifyitems(config, items):

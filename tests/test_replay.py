@@ -91,7 +91,7 @@ def test_an_option_given_at_resume_overrides_the_recorded_one_and_the_report_say
 
 def test_the_crash_reproducer_file_alone_replays_the_failing_run(tmp_path, monkeypatch):
     model, inputs = EXAMPLES["mlp"]()
-    monkeypatch.setattr("compiler.stages.partition.partition", _exploding)
+    monkeypatch.setattr("compiler.stages.partition.Partition.run", _exploding)
     with pytest.raises(compiler.StageFailure) as err:
         compiler.compile(model, inputs, "xnnpack", reproducer_dir=tmp_path, dry_run_mode="always")
     assert f"resume with: compiler.compile(None, resume_from={err.value.reproducer_path!r})" in str(err.value)
@@ -102,7 +102,9 @@ def test_the_crash_reproducer_file_alone_replays_the_failing_run(tmp_path, monke
     assert resumed.pte == compiler.compile(model, inputs, "xnnpack").pte
 
 
-def _exploding(edge, backend):
+def _exploding(stage, edge, ctx):
+    """The partition stage's run (the dry run may hand its search on: `partition()` alone
+    would not be called)."""
     raise RuntimeError("partitioner exploded")
 
 
@@ -136,7 +138,7 @@ def test_a_dump_records_the_configuration_and_versions_beside_the_stage_files(tm
 
 
 def test_the_command_line_shows_a_failure_in_its_own_terms(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("compiler.stages.partition.partition", _exploding)
+    monkeypatch.setattr("compiler.stages.partition.Partition.run", _exploding)
     assert main(["compile", "mlp", "--backend", "xnnpack", "--reproducer-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"resume with: python -m compiler compile --resume-from {tmp_path / 'decompose.stage'}" in err
