@@ -226,7 +226,11 @@ def delegate_outputs_from_call_sites(graph_module: Any) -> Iterator[None]:
     (`call_delegate_cpu`), which unlifts a copy of the delegate's whole original program with
     `ExportedProgram.module()` and interprets every op of it on fake tensors, twice per
     `to_executorch`. A call whose arguments differ in shape, stride or dtype from the recorded
-    ones, or whose recorded outputs have symbolic sizes, goes to torch's kernel. The kernel is
+    ones, or whose recorded outputs have symbolic sizes, goes to torch's kernel; so does one
+    whose recorded outputs are not what that kernel returns: the original program's user
+    outputs (a delegate that takes over a mutable buffer keeps the buffer's new value inside,
+    while its call site still recorded it as an output: trusted, the outputs after it shifted
+    and the emitted plan read the wrong one). The kernel is
     looked up and swapped in torch's private `registered_hop_fake_fns`; the emit stage runs one
     at a time in a process (the driver's stage lock). Checked against torch 2.13 and
     executorch 1.5.1."""
@@ -245,6 +249,18 @@ def delegate_outputs_from_call_sites(graph_module: Any) -> Iterator[None]:
             isinstance(n, torch.SymInt) for n in (*value.shape, *value.stride())
         )
 
+    def kernel_outputs(original: Any) -> list | None:
+        """The values torch's kernel returns for a delegate: what its original program's
+        unlifted module returns, its user outputs (None when one is not a traced tensor)."""
+        from torch.export.graph_signature import OutputKind
+
+        values = original.graph.output_node().args[0]
+        specs = original.graph_signature.output_specs
+        user = [v for v, spec in zip(values, specs) if spec.kind == OutputKind.USER_OUTPUT]
+        if not all(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor) for v in user):
+            return None
+        return [v.meta["val"] for v in user]
+
     recorded: dict[int, tuple[Any, Any]] = {}
     for module in graph_module.modules():
         if not isinstance(module, torch.fx.GraphModule):
@@ -254,8 +270,13 @@ def delegate_outputs_from_call_sites(graph_module: Any) -> Iterator[None]:
                 continue
             arguments = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args[1:]]
             outputs = node.meta["val"]
-            if all(static(v) for v in pytree.tree_leaves((arguments, outputs))):
-                lowered = getattr(module, node.args[0].target)
+            lowered = getattr(module, node.args[0].target)
+            returned = kernel_outputs(lowered.original_module)
+            if (
+                all(static(v) for v in pytree.tree_leaves((arguments, outputs)))
+                and returned is not None
+                and [metadata(v) for v in pytree.tree_leaves(outputs)] == [metadata(v) for v in returned]
+            ):
                 recorded[id(lowered)] = (pytree.tree_map(metadata, arguments), outputs)
 
     stock = registered_hop_fake_fns[executorch_call_delegate]

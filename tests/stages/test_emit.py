@@ -80,3 +80,33 @@ def test_emit_makes_delegate_outputs_from_call_sites_and_the_same_bytes(backend,
     stock = compiler.compile(None, resume_from=stage_file)
     assert runs, "torch's kernel ran without the shortcut"
     assert ours.pte == stock.pte
+
+
+class AccumulateAndScale(torch.nn.Module):
+    """MLX takes over the buffer it updates: its delegate returns only `y * 2`, while the
+    call site still recorded the buffer's new value as its first output."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(2, 2))
+
+    def forward(self, x, y):
+        self.total.add_(x)
+        return y * 2
+
+
+def test_emit_does_not_trust_a_call_site_that_records_a_state_the_delegate_keeps(monkeypatch):
+    """Trusted, the recorded (2, 2) state stood where the delegate returns `y * 2`: the plan
+    read the wrong output (the reference executor refused: 'a delegate returned shape (3, 4)
+    for program value ..., whose shape is fixed at (2, 2)')."""
+    import contextlib
+
+    import compiler.stages.emit as emit
+
+    model, inputs = AccumulateAndScale(), (torch.ones(2, 2), torch.randn(3, 4))
+    ours = compiler.compile(model, inputs, "mlx")
+    assert ours.program.delegate_calls == 1 and ours.program.kernel_calls == 0
+    (got,) = compiler.run(ours, inputs)
+    torch.testing.assert_close(got, inputs[1] * 2)
+    monkeypatch.setattr(emit, "delegate_outputs_from_call_sites", lambda gm: contextlib.nullcontext())
+    assert ours.pte == compiler.compile(AccumulateAndScale(), inputs, "mlx").pte
