@@ -1,7 +1,7 @@
 """Sweep benchmark: a process pool's speed-up and a warm stage cache's.
 
     python -m benchmarks.sweep [--depths 16 14 12 10] [--backends xnnpack portable]
-                               [--json benchmarks/results/sweep.json] [--markdown benchmarks/results/sweep.md]
+                               [--json benchmarks/results/sweeps.json] [--markdown benchmarks/results/sweeps.md]
 
 Eight jobs (transformer block stacks of four depths, d=64, for XNNPACK and portable, largest
 first so neither worker idles at the end; no two share a stage-cache key, so a cold sweep
@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 
-from compiler import sweep
+from compiler import sweeps
 
 PIPELINE = ("capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower", "emit")
 
@@ -60,7 +60,7 @@ def parallel_capacity(n: int = 20_000_000) -> dict:
 def timed(job_list, workers: int, cache_dir: str) -> dict:
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    rows = sweep.sweep(job_list, workers=workers, cache_dir=cache_dir)
+    rows = sweeps.sweep(job_list, workers=workers, cache_dir=cache_dir)
     wall = time.perf_counter() - start
     failed = [row for row in rows if not row.passed]
     if failed:
@@ -140,8 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", type=int, nargs="+", default=[16, 14, 12, 10])
     parser.add_argument("--backends", nargs="+", default=["xnnpack", "portable"])
-    parser.add_argument("--json", default="benchmarks/results/sweep.json")
-    parser.add_argument("--markdown", default="benchmarks/results/sweep.md")
+    parser.add_argument("--json", default="benchmarks/results/sweeps.json")
+    parser.add_argument("--markdown", default="benchmarks/results/sweeps.md")
     args = parser.parse_args()
     job_list = jobs(args.depths, args.backends)
     result = {

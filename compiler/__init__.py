@@ -28,12 +28,8 @@ _EXPORTS = {
     "UnsupportedByRuntime": "compiler.ir.errors",
     "UserInputError": "compiler.ir.errors",
     "VerificationError": "compiler.ir.errors",
-    # The module itself, which is callable: `compiler.sweep(jobs, workers=...)` (compiler/sweep.py).
-    "sweep": "compiler.sweep",
+    "sweep": "compiler.sweeps",
 }
-# Exports that are modules (a package's attribute becomes its submodule once imported, so the
-# name must mean the module either way).
-_MODULES = {"sweep"}
 
 __all__ = sorted(_EXPORTS)
 
@@ -42,6 +38,6 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'compiler' has no attribute {name!r}")
     module = importlib.import_module(_EXPORTS[name])
-    value = module if name in _MODULES else getattr(module, name)
+    value = getattr(module, name)
     globals()[name] = value
     return value

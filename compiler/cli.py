@@ -493,9 +493,9 @@ def _visualize(args: argparse.Namespace, terminal: Terminal) -> int:
 
 
 def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
-    """A thin layer over `compiler.sweep.sweep`: one line per job as it finishes (stderr), the
+    """A thin layer over `compiler.sweeps.sweep`: one line per job as it finishes (stderr), the
     table (stdout), each failed job's error; exit 0 only if every job passed."""
-    from compiler import sweep
+    from compiler import sweeps
 
     if args.workers is not None and args.workers < 1:
         raise UserInputError(f"--workers {args.workers}: needs at least 1", hint="e.g. --workers 2")
@@ -509,11 +509,11 @@ def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
             from compiler.cache import default_cache_dir
 
             cache_dir = default_cache_dir()
-    jobs = sweep.expand_jobs(args.jobs)  # a bad jobs file is an error before any work
+    jobs = sweeps.expand_jobs(args.jobs)  # a bad jobs file is an error before any work
     total = len(jobs)
     done = 0
 
-    def progress(row: sweep.SweepRow) -> None:
+    def progress(row: sweeps.SweepRow) -> None:
         nonlocal done
         done += 1
         if terminal.verbosity >= 0:
@@ -525,11 +525,11 @@ def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
     if terminal.verbosity >= 0:
         terminal.err.print(f"sweep: {total} job(s) {where}" + (f", stage cache {cache_dir}" if cache_dir else ""),
                            highlight=False, markup=False)
-    rows = sweep.sweep(
+    rows = sweeps.sweep(
         args.jobs, workers=args.workers, ray_address=args.ray, cache_dir=cache_dir, cache=cache,
         cache_max_mb=given.get("cache_max_mb"), on_result=progress,
     )
-    terminal.table(sweep.TABLE_HEADER, [row.cells() for row in rows])
+    terminal.table(sweeps.TABLE_HEADER, [row.cells() for row in rows])
     failed = [row for row in rows if not row.passed]
     for row in failed:
         text = row.error or (f"check failed: max abs error {row.check['max_abs_error']:.3g} above the tolerance "

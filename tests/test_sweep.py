@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import compiler
-from compiler import sweep
+from compiler import sweeps
 from compiler.cli import main
 from compiler.ir.errors import UserInputError
 
@@ -23,7 +23,7 @@ FAILING_FACTORY = textwrap.dedent(
 
 
 def test_lists_expand_to_the_cross_product():
-    jobs = sweep.expand_jobs([
+    jobs = sweeps.expand_jobs([
         {"model": ["mlp", "convnet"], "backend": ["portable", "xnnpack"], "dry_run_mode": ["auto", "never"],
          "fold_skip_ops": ["aten.t.default"], "output": "out/{model}-{backend}-{job}.pte"},
         {"model": "transformer:depth=2,dim=32", "fold_skip_ops": [["aten.t.default"], []]},
@@ -38,8 +38,8 @@ def test_lists_expand_to_the_cross_product():
     assert [j.options["fold_skip_ops"] for j in jobs[8:]] == [("aten.t.default",), ()]
     assert jobs[0].output == "out/mlp-portable-1.pte"
     assert jobs[8].backend == "portable" and jobs[8].entry == 2
-    assert sweep.safe_name("transformer:depth=2,dim=32") == "transformer_depth-2_dim-32"
-    assert sweep.safe_name("models/net.py:make") == "net_make"
+    assert sweeps.safe_name("transformer:depth=2,dim=32") == "transformer_depth-2_dim-32"
+    assert sweeps.safe_name("models/net.py:make") == "net_make"
 
 
 def test_json_toml_and_yaml_files_read_as_the_same_jobs(tmp_path):
@@ -73,7 +73,7 @@ def test_json_toml_and_yaml_files_read_as_the_same_jobs(tmp_path):
           dry_run_mode: [always, never]
           output: o/c-{job}.pte
     """))
-    read = [sweep.expand_jobs(str(tmp_path / name)) for name in ("jobs.json", "jobs.toml", "jobs.yaml")]
+    read = [sweeps.expand_jobs(str(tmp_path / name)) for name in ("jobs.json", "jobs.toml", "jobs.yaml")]
     assert read[0] == read[1] == read[2]
     assert len(read[0]) == 4 and read[0][3].options == {"dry_run_mode": "never"}
 
@@ -97,7 +97,7 @@ def test_json_toml_and_yaml_files_read_as_the_same_jobs(tmp_path):
 )
 def test_a_bad_job_is_named_before_any_work(jobs, message):
     with pytest.raises(UserInputError) as caught:
-        sweep.expand_jobs(jobs)
+        sweeps.expand_jobs(jobs)
     assert message in str(caught.value)
 
 
@@ -152,7 +152,7 @@ def test_a_failing_job_is_recorded_and_the_others_pass(pool_sweep):
 def test_the_table_has_its_columns(pool_sweep):
     _, _, out, _ = pool_sweep
     header = out.splitlines()[0]
-    for column in sweep.TABLE_HEADER:
+    for column in sweeps.TABLE_HEADER:
         assert column in header
     rows = {line.split()[0]: line for line in out.split("\n\n")[0].splitlines()[2:]}
     assert set(rows) == {"1", "2", "3"}
@@ -163,16 +163,16 @@ def test_the_table_has_its_columns(pool_sweep):
 
 def test_a_job_row_holds_the_artifact_data_and_a_warm_cache_shows(tmp_path):
     """`run_job` is what every worker runs (pool and Ray): here in this process, twice."""
-    job, failing = sweep.expand_jobs([
+    job, failing = sweeps.expand_jobs([
         {"model": "mlp:features=8,hidden=16", "backend": "xnnpack", "check": True},
         {"model": "mlp:features=8,hidden=16", "backend": "xnnpack", "backend_options": {"nope": 1}},
     ])
-    cold = sweep.run_job(job, cache_dir=str(tmp_path))
-    warm = sweep.run_job(job, cache_dir=str(tmp_path))
+    cold = sweeps.run_job(job, cache_dir=str(tmp_path))
+    warm = sweeps.run_job(job, cache_dir=str(tmp_path))
     assert cold.row.passed and cold.row.cached_stages == () and cold.row.delegated == 1.0
     assert cold.row.check["passed"] and cold.row.pte_bytes == len(cold.pte)
     assert "emit" in warm.row.cached_stages and warm.pte == cold.pte
-    failed = sweep.run_job(failing, cache_dir=str(tmp_path))
+    failed = sweeps.run_job(failing, cache_dir=str(tmp_path))
     assert failed.pte is None and failed.row.status == "error" and failed.row.error_type == "UserInputError"
     assert "has no option 'nope'" in failed.row.error and failed.row.output is None
     with pytest.raises(AttributeError):
@@ -209,8 +209,8 @@ def test_reading_jobs_imports_no_torch(tmp_path):
 
     (tmp_path / "jobs.yaml").write_text("- model: [mlp, convnet]\n  backend: [portable, xnnpack]\n")
     code = (
-        "import sys; from compiler import sweep; import compiler.cli; "
-        f"assert len(sweep.expand_jobs({str(tmp_path / 'jobs.yaml')!r})) == 4; "
+        "import sys; from compiler import sweeps; import compiler.cli; "
+        f"assert len(sweeps.expand_jobs({str(tmp_path / 'jobs.yaml')!r})) == 4; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -563,17 +563,3 @@ def _run_on_ray(jobs: Sequence[Job], address: str, common: Mapping[str, Any],
     finally:
         if started:
             ray.shutdown()
-
-
-class _CallableModule(type(os)):
-    """`compiler.sweep` names this module (Python sets a package's attribute to its submodule
-    once imported) and is also the API's `compiler.sweep(jobs, ...)`: calling the module
-    calls `sweep`."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> list[SweepRow]:
-        return sweep(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule
