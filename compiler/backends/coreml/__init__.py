@@ -18,6 +18,7 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from typing import Any, Iterable, Optional
 
@@ -46,6 +47,15 @@ STAGE = "partition"
 
 logger = logging.getLogger(__name__)
 
+
+
+def _reproducible(payload_bytes: bytes) -> bytes:
+    """`payload.reproducible`, after a collection: coremltools leaves the program it converted
+    (its weights included) in reference cycles, and the rewrite makes a copy of the payload.
+    Freed first, that program makes room for the copy instead of the copy raising the peak
+    (Core ML, depth-24 stack: the lower stage's peak heap 261 MB -> 227 MB; stock's 229)."""
+    gc.collect()
+    return payload.reproducible(payload_bytes)
 
 class CoreMLRefusal(CompileError):
     """`lower_full_graph=True`, but Core ML refuses some ops."""
@@ -296,7 +306,7 @@ class CoreMLBackend(Backend):
         of coremltools' passes."""
         stack = contextlib.ExitStack()
         stack.enter_context(conversion.installed())
-        stack.enter_context(coreml_payloads_rewritten(payload.reproducible))
+        stack.enter_context(coreml_payloads_rewritten(_reproducible))
         stack.enter_context(coreml_progress_bars(progress.steps))
         if not dependency_checks:
             stack.enter_context(mil_pass_validation_skipped())

@@ -173,7 +173,8 @@ _NAMESPACE = uuid.NAMESPACE_URL
 
 
 def _read_tree(payload: bytes) -> tuple[str, dict]:
-    """(root name, tree), a tree mapping a file's name to its bytes and a folder's to a tree."""
+    """(root name, tree), a tree mapping a file's name to its bytes (a view into `payload`,
+    not a copy: the weights are most of it) and a folder's to a tree."""
     end = len(payload.rstrip(b"\0"))
     size = 4096
     while True:
@@ -186,11 +187,12 @@ def _read_tree(payload: bytes) -> tuple[str, dict]:
                 raise
             size *= 4
     built: list[tuple[str, object]] = []
+    view = memoryview(payload)
     for node in metadata["nodes"]:
         name = node["name"].encode("latin-1").decode("utf-8")
         if node["kind"] == 0:
             region = node["dataRegion"]
-            built.append((name, payload[region["offset"]:region["offset"] + region["size"]]))
+            built.append((name, view[region["offset"]:region["offset"] + region["size"]]))
         else:
             built.append((name, {child.encode("latin-1").decode("utf-8"): built[index][1]
                                  for child, index in node["children"].items()}))
@@ -200,7 +202,19 @@ def _read_tree(payload: bytes) -> tuple[str, dict]:
 def _write_tree(root: str, tree: dict) -> bytes:
     """The payload ExecuTorch's flattening writes for this tree with alignment 1 (files of
     less than 1 GB), its nodes in name order instead of the order the folder was listed in."""
-    data: list[bytes] = []
+    return b"".join(_tree_parts(root, tree))
+
+
+def _tree_digest(root: str, tree: dict) -> str:
+    """The SHA-256 of `_write_tree(root, tree)`, without joining its parts into one copy."""
+    digest = hashlib.sha256()
+    for part in _tree_parts(root, tree):
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def _tree_parts(root: str, tree: dict) -> list:
+    data: list = []
     nodes: list[dict] = []
     offset = 0
 
@@ -218,7 +232,7 @@ def _write_tree(root: str, tree: dict) -> bytes:
 
     add(root, tree)
     text = json.dumps({"nodes": nodes}, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    return b"".join(data) + text.encode("utf-8")[::-1]
+    return [*data, text.encode("utf-8")[::-1]]
 
 
 def _content_digest(tree: dict) -> str:
@@ -248,7 +262,7 @@ def _deterministic_specs(tree: dict) -> None:
             _deterministic_specs(item)
         elif name.endswith(".mlmodel"):
             spec = Model_pb2.Model()
-            spec.ParseFromString(item)
+            spec.ParseFromString(bytes(item))
             tree[name] = spec.SerializeToString(deterministic=True)
 
 
@@ -258,7 +272,7 @@ def _deterministic_package(package: dict) -> None:
     coremltools writes on macOS; the Manifest written as coremltools does (4-space indent,
     sorted keys)."""
     _deterministic_specs(package)
-    manifest = json.loads(package["Manifest.json"])
+    manifest = json.loads(bytes(package["Manifest.json"]))
     renamed = {}
     for old, entry in manifest["itemInfoEntries"].items():
         item = package.get("Data", {})  # an item's path is relative to the package's Data folder
@@ -294,12 +308,12 @@ def reproducible(payload: bytes) -> bytes:
         for name, item in list(tree.items()):
             if name.endswith(".mlpackage") and isinstance(item, dict) and "Manifest.json" in item:
                 _deterministic_package(item)
-        metadata = json.loads(tree["metadata.json"]) if "metadata.json" in tree else None
+        metadata = json.loads(bytes(tree["metadata.json"])) if "metadata.json" in tree else None
         if metadata is None or "identifier" not in metadata:
             return _write_tree(root, tree)
         metadata["identifier"] = _PLACEHOLDER
         tree["metadata.json"] = json.dumps(metadata).encode()  # as stock writes it
-        digest = hashlib.sha256(_write_tree(root, tree)).hexdigest()
+        digest = _tree_digest(root, tree)
         metadata["identifier"] = "executorch_" + str(uuid.uuid5(_NAMESPACE, f"coreml-payload:sha256:{digest}"))
         tree["metadata.json"] = json.dumps(metadata).encode()
         return _write_tree(root, tree)
