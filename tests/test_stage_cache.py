@@ -17,17 +17,9 @@ from compiler.config import STAGE_NAMES
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.placement import PlacementPlan
 from compiler.ir.report import StageRecord
+from conftest import AddMul  # tests/conftest.py: a Linear XNNPACK takes and a cumsum it leaves
 
 AFTER_CAPTURE = list(STAGE_NAMES[1:])
-
-
-class AddMul(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        return torch.cumsum(self.linear(x) * 2.0, dim=-1)
 
 
 @pytest.fixture(autouse=True)
