@@ -17,7 +17,7 @@ from compiler.config import STAGE_NAMES
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.placement import PlacementPlan
 from compiler.ir.report import StageRecord
-from conftest import AddMul  # tests/conftest.py: a Linear XNNPACK takes and a cumsum it leaves
+from tests.conftest import AddMul  # a Linear XNNPACK takes and a cumsum it leaves
 
 AFTER_CAPTURE = list(STAGE_NAMES[1:])
 
