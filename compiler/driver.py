@@ -17,6 +17,7 @@ import attrs
 
 from compiler.backends.base import Backend
 from compiler.cache import CacheRun, StageCache
+from compiler.collector import scans_only_new_objects
 from compiler.config import CompileConfig
 from compiler.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
@@ -83,34 +84,35 @@ class Pipeline:
 
         for stage in self.stages[start : stop + 1]:
             stage.check_options(config.options_for(stage.name))
-        for instrument in instruments:
-            instrument.before_pipeline(config, self.names, artifact)
-        records: list[StageRecord] = []
-        artifacts: dict[str, Any] = {}
-        cached: CacheRun | None = None
-        index = start
-        while index <= stop:
-            stage = self.stages[index]
-            ctx = StageContext(backend, config.options_for(stage.name), dependency_checks=dependency_checks)
-            artifact = self._run_stage(stage, artifact, ctx, instruments)
-            record = _stage_record(stage.name, ctx.metrics, instruments)
-            logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)
-            records.append(record)
-            artifacts[stage.name] = artifact
-            if cached is not None:
-                with _ONE_STAGE_AT_A_TIME:  # (de)serializing uses the same process-wide state
-                    cached.store(stage.name, artifact, record)
-            elif cache is not None and index == 0:
-                # Capture's output keys every later stage: skip to after the last one stored.
-                with _ONE_STAGE_AT_A_TIME:
-                    cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
-                if cached is not None and cached.hit is not None:
-                    records += cached.hit.records
-                    artifact = artifacts[cached.hit.stage] = cached.hit.artifact
-                    index = self.names.index(cached.hit.stage)
-            index += 1
-        for instrument in reversed(instruments):
-            instrument.after_pipeline(artifact)
+        with scans_only_new_objects():
+            for instrument in instruments:
+                instrument.before_pipeline(config, self.names, artifact)
+            records: list[StageRecord] = []
+            artifacts: dict[str, Any] = {}
+            cached: CacheRun | None = None
+            index = start
+            while index <= stop:
+                stage = self.stages[index]
+                ctx = StageContext(backend, config.options_for(stage.name), dependency_checks=dependency_checks)
+                artifact = self._run_stage(stage, artifact, ctx, instruments)
+                record = _stage_record(stage.name, ctx.metrics, instruments)
+                logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)
+                records.append(record)
+                artifacts[stage.name] = artifact
+                if cached is not None:
+                    with _ONE_STAGE_AT_A_TIME:  # (de)serializing uses the same process-wide state
+                        cached.store(stage.name, artifact, record)
+                elif cache is not None and index == 0:
+                    # Capture's output keys every later stage: skip to after the last one stored.
+                    with _ONE_STAGE_AT_A_TIME:
+                        cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
+                    if cached is not None and cached.hit is not None:
+                        records += cached.hit.records
+                        artifact = artifacts[cached.hit.stage] = cached.hit.artifact
+                        index = self.names.index(cached.hit.stage)
+                index += 1
+            for instrument in reversed(instruments):
+                instrument.after_pipeline(artifact)
 
         plan = getattr(artifact, "plan", None)
         report = Report(tuple(records), plan.summary() if plan else (), config.to_json(), plan=plan)

@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 from executorch.exir.backend.backend_api import MethodProgramsPartitionerSpec, to_backend
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 
+from compiler.collector import collect
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
@@ -54,4 +55,9 @@ class Lower(Stage, name="lower", takes=SplitProgram, returns=LoweredProgram):
                 # Our verification validates this stage's input and output (program_validates).
                 stack.enter_context(exported_program_validation_skipped())
             lowered = to_backend(spec)[METHOD]
+        # `to_backend` deep-copies each partition's program, weights included, for the
+        # backend's `preprocess`, whose passes keep the copy in reference cycles. Left to the
+        # collector's schedule they can outlive this stage and sit under emit's `.pte`
+        # (XNNPACK, depth-12 stack: peak heap growth 150 MB -> 127 MB; stock's 130).
+        ctx.metrics["collect_s"] = collect()
         return LoweredProgram(lowered, partitioned.plan, partitioned.preserved_ops)
