@@ -158,8 +158,8 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
     if "preserved_ops" in manifest and "preserved_ops" in attrs.fields_dict(artifact_type):
         fields["preserved_ops"] = tuple(manifest["preserved_ops"])
         _restore_edge_verifier(program, fields["preserved_ops"])
-        # Each delegate's original program holds the ops kept whole too, and copying the
-        # delegate (emit copies the program) verifies it again.
+        # Each delegate's original program holds the ops kept whole too, and a copy of the
+        # delegate (`copy.deepcopy`) verifies it again.
         for module in _lowered_modules(program):
             _restore_edge_verifier(module.original_module, fields["preserved_ops"])
     if "keep_whole" in manifest:

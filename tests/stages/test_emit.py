@@ -4,8 +4,13 @@ import pytest
 import torch
 
 import compiler
+from compiler import backends
+from compiler.ir.graph import copy_program
+from compiler.stages.base import StageContext
+from compiler.stages.emit import Emit
 from executorch.exir import to_edge_transform_and_lower
 from executorch.runtime import Runtime
+from torch.export import ExportedProgram
 
 
 class RunningTotal(torch.nn.Module):
@@ -110,3 +115,35 @@ def test_emit_does_not_trust_a_call_site_that_records_a_state_the_delegate_keeps
     torch.testing.assert_close(got, inputs[1] * 2)
     monkeypatch.setattr(emit, "delegate_outputs_from_call_sites", lambda gm: contextlib.nullcontext())
     assert ours.pte == compiler.compile(AccumulateAndScale(), inputs, "mlx").pte
+
+
+@pytest.mark.parametrize("backend", ["xnnpack", "coreml", "mlx"])
+def test_emit_shares_the_delegates_and_leaves_the_lowered_program_as_it_was(backend, monkeypatch):
+    """Emit rewrites a copy of the lowered program; its delegates are shared with that copy,
+    not copied (a copy builds each original program anew and validates every op of it), and
+    nothing in `to_executorch` changes them."""
+    run = compiler.run_pipeline(TwoDelegates(), (torch.randn(4, 6, 8),), backend)
+    lowered = run.artifacts["lower"]
+    delegates = {
+        name: module for name, module in lowered.program.graph_module.named_modules() if hasattr(module, "original_module")
+    }
+
+    def snapshot():
+        return lowered.program.graph_module.code, {
+            name: (module.original_module.graph_module.code, [str(n.meta.get("val")) for n in module.original_module.graph.nodes])
+            for name, module in delegates.items()
+        }
+
+    before = snapshot()
+    assert delegates
+    built = []
+    stock_init = ExportedProgram.__init__
+    monkeypatch.setattr(ExportedProgram, "__init__", lambda self, *a, **k: built.append(1) or stock_init(self, *a, **k))
+    copied = copy_program(lowered.program)
+    assert built == []  # a copied delegate would build its original program anew
+    assert all(getattr(copied.graph_module, name) is module for name, module in delegates.items())
+    monkeypatch.undo()
+
+    context = StageContext(backends.resolve(backend, {}), run.config.options_for("emit"))
+    assert Emit().run(lowered, context).pte == run.result.pte
+    assert snapshot() == before
