@@ -13,7 +13,8 @@ option that takes several values (`fold_skip_ops`) a list of lists expands. Ever
 checked before any work starts (names, kinds and choices, model specs, backends, output
 paths): a mistake is a `UserInputError` naming the job and the key.
 
-Each job runs `run_job` in a worker: a process of a "spawn" pool, or a Ray task
+Each job runs `run_job` in a worker: a process of a pool, forked from a server process that
+imported the pipeline once, or a Ray task
 (`ray_address`). It builds the model, calls `compiler.compile` (with the stage cache when
 `cache_dir` is given) and returns the `.pte` bytes with the job's `SweepRow`; the caller
 writes the output file (Ray nodes may not share a disk). A failing job is recorded with its
@@ -428,17 +429,11 @@ def _delegated(report: Any) -> float | None:
 
 def _worker_start(threads: int | None) -> None:
     """A pool worker's first step: one torch thread each when several share the cores, and
-    the pipeline's imports (so a job's time is its own work)."""
-    _set_threads(threads)
-    try:
-        from compiler.dependency_output import DependencyOutput
+    the pipeline's imports (so a job's time is its own work; already there when the fork
+    server preloaded them)."""
+    import compiler.pipeline_imports  # noqa: F401
 
-        with DependencyOutput():
-            import compiler.api  # noqa: F401
-            import compiler.driver  # noqa: F401
-            import compiler.stages  # noqa: F401
-    except Exception:  # noqa: BLE001 - the job meets the same error and records it
-        pass
+    _set_threads(threads)
 
 
 # --- the sweep ------------------------------------------------------------------------------
@@ -457,7 +452,8 @@ def sweep(
     """Compiles every job (mappings, or the path of a `.json`/`.toml`/`.yaml` jobs file) and
     returns one `SweepRow` per expanded job, in job order.
 
-    `workers`: processes of a "spawn" pool (default: the CPU count, at most one per job);
+    `workers`: processes of a pool (default: the CPU count, at most one per job), forked from
+    a server process that imported the pipeline once and stays for this process's lifetime;
     with more than one, each worker runs torch on one thread. `ray_address` ("auto", or a
     cluster's address) runs the jobs as Ray tasks instead (`pip install -e '.[ray]'`);
     when Ray is already initialized in this process, its connection is used. `cache_dir`:
@@ -518,7 +514,11 @@ def _run_in_pool(jobs: Sequence[Job], workers: int, common: Mapping[str, Any],
 
     workers = max(1, min(workers, len(jobs)))
     threads = 1 if workers > 1 else None
-    context = multiprocessing.get_context("spawn")  # torch and fork do not mix
+    # Workers fork from a server process that imported the pipeline once and runs nothing else
+    # (a worker forked from the caller could inherit torch's threads in any state). The
+    # server lives as long as this process: later sweeps' workers start at once.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["compiler.pipeline_imports"])
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
                                                 initargs=(threads,)) as pool:
         futures = {pool.submit(run_job, job, threads=threads, **common): job for job in jobs}

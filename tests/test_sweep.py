@@ -214,3 +214,34 @@ def test_reading_jobs_imports_no_torch(tmp_path):
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+WHERE_FACTORY = textwrap.dedent(
+    """
+    import os
+
+    import torch
+
+
+    def where():
+        # The process this worker was forked from.
+        with open(os.path.join(os.path.dirname(__file__), f"{os.getpid()}.txt"), "w") as f:
+            f.write(str(os.getppid()))
+        return torch.nn.Linear(4, 4), (torch.randn(2, 4),)
+    """
+)
+
+
+def test_workers_fork_from_one_server_that_imported_the_pipeline(tmp_path):
+    """Workers do not import torch and ExecuTorch each (about 5 s apiece): they fork from a
+    server that did once, and that server serves the next sweep's workers too."""
+    (tmp_path / "where.py").write_text(WHERE_FACTORY)
+    job = {"model": f"{tmp_path / 'where.py'}:where", "backend": "portable"}
+    for _ in range(2):
+        rows = compiler.sweep([job, job], workers=2)
+        assert [row.status for row in rows] == ["ok", "ok"]
+    (server,) = {int(record.read_text()) for record in tmp_path.glob("*.txt")}
+    assert server != os.getpid()
+    assert b"forkserver" in open(f"/proc/{server}/cmdline", "rb").read()
+    with open(f"/proc/{server}/maps") as maps:
+        assert "libtorch" in maps.read()  # the server imported the pipeline, torch with it
