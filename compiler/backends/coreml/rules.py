@@ -210,6 +210,16 @@ def min_max_over_bool(node, ctx) -> Optional[str]:
 
 
 @node_rule()
+def bitwise_and_of_non_bool(node, ctx) -> Optional[str]:
+    if _is(node, torch.ops.aten.bitwise_and) and tensor_dtypes(node) - {torch.bool}:
+        return (
+            "coremltools converts bitwise_and only of bool tensors, and this one is of integers "
+            "(stock: NotImplementedError: 'The `bitwise_and` op only supports boolean input')"
+        )
+    return None
+
+
+@node_rule()
 def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
     for value in (*node.args, *node.kwargs.values()):
         if isinstance(value, torch.dtype) and value not in TORCH_DTYPE_TO_NUM:

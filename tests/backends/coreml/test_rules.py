@@ -1,4 +1,4 @@
-"""Node rules: bool min/max, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16."""
+"""Node rules: bool min/max, integer bitwise_and, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16."""
 
 import contextlib
 
@@ -39,6 +39,28 @@ def test_min_max_over_bool_runs_on_cpu(reduce, op):
 
 def test_stock_fails_on_bool_amax():
     assert "reduce_max" in stock_error(BoolReduce(lambda b: b.amax(dim=-1)), (torch.randn(2, 4),))
+
+
+class BitwiseAnd(nn.Module):
+    """`&` of integers next to ops Core ML takes; the bool `&` of two comparisons it takes too."""
+
+    def forward(self, x):
+        flags = (x > 0) & (x < 5)
+        return (x & (x + 1)) * 2 + flags.int()
+
+
+def test_bitwise_and_of_integers_runs_on_cpu_and_of_bools_on_core_ml():
+    model, inputs = BitwiseAnd(), (torch.randint(-8, 8, (2, 4), dtype=torch.int32),)
+    artifact = compile_coreml(model, inputs)
+    on_cpu = [n for n, op in cpu_ops(artifact).items() if op == "aten.bitwise_and.Tensor"]
+    assert len(on_cpu) == 1
+    assert "only of bool" in cpu_reasons(artifact)[on_cpu[0]]
+    assert "bitwise_and" in " ".join(delegated_ops(artifact))  # the bool one stays delegated
+
+
+def test_stock_fails_on_bitwise_and_of_integers():
+    model, inputs = BitwiseAnd(), (torch.randint(-8, 8, (2, 4), dtype=torch.int32),)
+    assert "only supports boolean input" in stock_error(model, inputs)
 
 
 class IndexPut(nn.Module):
