@@ -1,5 +1,6 @@
 """Each bad input gets one named CompileError that names the stage and what to do."""
 
+import sys
 import zipfile
 
 import pytest
@@ -22,6 +23,43 @@ def test_module_export_cannot_capture():
     assert err.value.stage == "capture"
     assert "DataDependent" in str(err.value)
     assert "what to do" in str(err.value)
+
+
+SCHEDULER = """\
+import torch
+
+
+class Scheduler:
+    def step(self, sample, timestep):
+        prev_timestep = timestep - 10
+        if prev_timestep >= 0:  # a tensor timestep: export cannot branch on its value
+            return sample * 0.5
+        return sample
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_untraceable_library_code_is_named_by_file_and_line(tmp_path, monkeypatch, strict):
+    """A diffusion scheduler's `prev_timestep >= 0` on a tensor timestep: torch's message names
+    a guard (`Eq(u0, 1)`) or a bytecode jump; ours names the library line where tracing stopped,
+    the model's line that called it, and the ways out."""
+    (tmp_path / "scheduler_lib.py").write_text(SCHEDULER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "scheduler_lib", raising=False)  # each case imports its own file
+    from scheduler_lib import Scheduler
+
+    class Denoiser(torch.nn.Module):
+        def forward(self, sample, timestep):
+            return Scheduler().step(sample * 2, timestep)  # the model's line
+
+    with pytest.raises(CaptureError) as err:
+        compiler.compile(Denoiser(), (torch.randn(3), torch.tensor(5)), capture_strict=strict)
+    message = str(err.value)
+    library_line = SCHEDULER.splitlines().index("        if prev_timestep >= 0:  # a tensor timestep: export cannot branch on its value") + 1
+    assert f"tracing stopped at {tmp_path / 'scheduler_lib.py'}:{library_line} in step: if prev_timestep >= 0" in message
+    assert f"reached from {__file__}:" in message and "in forward: return Scheduler().step(sample * 2, timestep)" in message
+    assert "control flow depends on a tensor's value" in message
+    assert all(way in err.value.hint for way in ("torch.cond", "Python numbers", "torch._check"))
 
 
 @pytest.mark.parametrize("inputs", [{"x": torch.randn(2)}, "tensor", (torch.randn(2), object())])

@@ -52,6 +52,11 @@ lays its output out another way ("Cannot view a tensor with shape [1, 16, 4, 16]
 strides ..."), so the views it made become reshapes again (the same where a view is
 valid, a program without mutations has no alias to keep).
 
+When export cannot trace the model, the error names the line where tracing stopped:
+torch's own message leads with a guard expression (`Eq(u0, 1)`) or a bytecode jump, and
+for a library's code (a diffusion scheduler's `prev_timestep >= 0` on a tensor
+timestep) the line is deep in a traceback of torch's frames.
+
 Outputs that are `torch.return_types` (a forward returning `x.max(dim=-1)`) are
 handed on as plain tuples: neither ExecuTorch's emitter nor its serializer can
 name those types ("No registered serialization name"), and the program's
@@ -61,9 +66,13 @@ outputs are a flat list of tensors anyway.
 from __future__ import annotations
 
 import logging
+import os
+import sysconfig
+import traceback
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
@@ -278,9 +287,50 @@ def _describe_inputs(inputs: tuple) -> str:
     return "(" + ", ".join(one(leaf) for leaf in pytree.tree_leaves(inputs)) + ")"
 
 
+# Frames in these folders are the tracer's (torch, this package) or Python's own.
+_TORCH_AND_OURS = (
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+_STANDARD_LIBRARY = sysconfig.get_paths()["stdlib"] + os.sep
+
+
+def _tracers_frame(filename: str) -> bool:
+    standard = filename.startswith(_STANDARD_LIBRARY) and "site-packages" not in filename
+    return standard or filename.startswith(_TORCH_AND_OURS) or filename.startswith("<")
+
+
+def traced_code_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of the user's or a library's code that torch.export was tracing when it
+    stopped, outermost first: the model's `forward`, down to the line that could not be traced.
+
+    Non-strict export runs that code for real, so its frames are in the traceback; strict
+    export (TorchDynamo) interprets it and keeps them as `real_stack`.
+    """
+    frames = getattr(exc, "real_stack", None) or traceback.extract_tb(exc.__traceback__)
+    return [frame for frame in frames if not _tracers_frame(frame.filename)]
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    return isinstance(exc, GuardOnDataDependentSymNode) or "data-dependent" in str(exc).lower()
+
+
+_DATA_DEPENDENT_WAYS_OUT = (
+    "branch on a tensor's value with torch.cond (both sides are traced); pass values that are fixed "
+    "for the exported program (a scheduler's timestep, a count) as Python numbers, not tensors; or, "
+    "where the code only checks a fact export cannot know (a size, a sign), state it with torch._check(...)"
+)
+
+
+def _where(frame: traceback.FrameSummary) -> str:
+    code = f": {frame.line.strip()}" if frame.line else ""
+    return f"{frame.filename}:{frame.lineno} in {frame.name}{code}"
+
+
 def _capture_error(model: EagerModel, exc: Exception) -> CaptureError:
     """Tells inputs that the model cannot take (eager fails too) from code export cannot
-    trace (eager runs): the two need different fixes."""
+    trace (eager runs): the two need different fixes. The second names the line where
+    tracing stopped, which torch's own message buries under its guard expression."""
     name = type(model.module).__name__
     try:
         with torch.no_grad():
@@ -293,8 +343,21 @@ def _capture_error(model: EagerModel, exc: Exception) -> CaptureError:
             hint="give example inputs of the shapes, dtypes and number forward() expects "
             "(the chained exception is torch.export's error)",
         )
+    frames = traced_code_frames(exc)
+    where = ""
+    if frames:
+        where = f"; tracing stopped at {_where(frames[-1])}"
+        if len(frames) > 1:
+            where += f" (reached from {_where(frames[0])})"
+    if _data_dependent(exc):
+        return CaptureError(
+            f"torch.export could not capture {name}: Python control flow depends on a tensor's value{where} "
+            f"({_first_line(exc)})",
+            stage="capture",
+            hint=f"{_DATA_DEPENDENT_WAYS_OUT}; the chained exception is the full export error",
+        )
     return CaptureError(
-        f"torch.export could not capture {name}: {_first_line(exc)}",
+        f"torch.export could not capture {name}: {_first_line(exc)}{where}",
         stage="capture",
         hint="make forward() traceable (no data-dependent Python control flow, "
         "no unsupported Python objects); the chained exception is the full export error",
