@@ -17,6 +17,7 @@ import logging
 import os
 import shlex
 import sys
+import tempfile
 import traceback
 from typing import IO, Any, Mapping, Sequence
 
@@ -297,7 +298,9 @@ def _setup_logging(terminal: Terminal) -> None:
 
 def _file_to_write(flag: str, path: str | None) -> str | None:
     """A file the run will write: its folder is made now, and a place that cannot be written
-    is an error before any work starts, not after the compile."""
+    is an error before any work starts, not after the compile. The file itself is created
+    to prove it can be (a permission check passes for root where nothing can be made, as
+    under /proc), and removed again if the run made it."""
     if path is None:
         return None
     path = os.path.expanduser(path)
@@ -306,25 +309,52 @@ def _file_to_write(flag: str, path: str | None) -> str | None:
             f"{flag} {path!r} is a folder", hint=f"give {flag} a file name, e.g. {os.path.join(path, 'model.pte')}"
         )
     _folder_to_write(flag, os.path.dirname(os.path.abspath(path)), path)
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise UserInputError(
+            f"{flag} {path!r}: the file cannot be written ({exc.strerror})",
+            hint=f"give {flag} a place under a folder you can write to",
+        ) from None
+    if not existed:
+        os.remove(path)
     return path
 
 
 def _folder_to_write(flag: str, folder: str, given: str | None = None) -> str:
-    """A folder the run will write into (`given`: the file in it the user named)."""
+    """A folder the run will write into (`given`: the file in it the user named); a file is
+    made and removed in it to prove it can be written."""
     folder = os.path.expanduser(folder)
     named = f"{flag} {given or folder!r}"
+    hint = f"give {flag} a place under a folder you can write to"
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
-        raise UserInputError(
-            f"{named}: cannot create the folder {folder!r} ({exc.strerror})",
-            hint=f"give {flag} a place under a folder you can write to",
-        ) from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserInputError(
-            f"{named}: the folder {folder!r} is not writable", hint=f"give {flag} a place under a folder you can write to"
-        )
+        raise UserInputError(f"{named}: cannot create the folder {folder!r} ({exc.strerror})", hint=hint) from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UserInputError(f"{named}: no file can be written in the folder {folder!r} ({exc.strerror})", hint=hint) from None
     return folder
+
+
+@contextlib.contextmanager
+def _writing(flag: str, path: str, what: str, cache_dir: str | None):
+    """A write after the compile that fails (a full disk, a mount gone read-only) is a named
+    error that says where the work is kept."""
+    try:
+        yield
+    except OSError as exc:
+        kept = (
+            f"the stage cache in {cache_dir} holds the compiled stages: fix the path or free the space and "
+            "run the same command again, which loads them instead of compiling"
+            if cache_dir
+            else "the compile was not cached (--no-cache): fix the path or free the space and run it again"
+        )
+        raise UserInputError(f"{flag} {path!r}: writing {what} failed after the compile ({exc.strerror})", hint=kept) from None
 
 
 def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
@@ -386,9 +416,11 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     report = attrs.evolve(run.report, model=args.model)
 
     status, check = 0, None
+    cache_dir = given.get("cache_dir") if given.get("cache", True) else None
     if isinstance(result, api.Artifact):
         if output:
-            result.save(output)
+            with _writing("-o", output, "the program", cache_dir):
+                result.save(output)
         if args.check:
             from compiler import runtime
 
@@ -400,20 +432,22 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         from compiler.ir.serialize import can_save, save_stage_file
 
         if can_save(result):
-            save_stage_file(output, result, report.stages[-1].stage, run.config)
+            with _writing("-o", output, "the stage file", cache_dir):
+                save_stage_file(output, result, report.stages[-1].stage, run.config)
         else:
             output = None
 
     _print_report(terminal, report)
     if report_json:
-        with open(report_json, "w") as f:
+        with _writing("--report-json", report_json, "the report", cache_dir), open(report_json, "w") as f:
             json.dump(report.to_json(), f, indent=2)
     if report_html:
         from compiler.html_report import render_html
 
-        with open(report_html, "w") as f:
-            title = f"{args.model or report.resumed_from} compiled for {report.config.get('backend')}"
-            f.write(render_html(report, run.artifacts.get("partition"), title=title))
+        title = f"{args.model or report.resumed_from} compiled for {report.config.get('backend')}"
+        page = render_html(report, run.artifacts.get("partition"), title=title)
+        with _writing("--report-html", report_html, "the report", cache_dir), open(report_html, "w") as f:
+            f.write(page)
     _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
     return status
 

@@ -46,6 +46,11 @@ def _imports_after(argv: list[str]) -> tuple[int, list[str], str]:
         (["compile", "nosuchmodel"], 2, "neither a built-in example"),
         (["compile", "mlp", "--backend-option", "no_equals_sign"], 2, "is not KEY=VALUE"),
         (["compile", "mlp", "-o", "/proc/version/x.pte"], 2, "cannot create the folder"),
+        # /proc exists and passes a permission check, even as root, but no file can be made in it.
+        (["compile", "mlp", "-o", "/proc/x.pte"], 2, "-o '/proc/x.pte': no file can be written in the folder '/proc'"),
+        (["compile", "mlp", "--report-json", "/proc/r.json"], 2, "--report-json '/proc/r.json': no file can be written"),
+        (["compile", "mlp", "-o", "/tmp/" + "x" * 300 + ".pte"], 2, "the file cannot be written (File name too long)"),
+        (["compile", "mlp", "--dump-dir", "/proc"], 2, "--dump-dir '/proc': no file can be written in the folder"),
     ],
 )
 def test_answers_before_torch_is_imported(argv, code, said):
@@ -77,6 +82,42 @@ def test_a_dump_dir_under_a_file_is_refused_before_the_compile(capsys, a_file):
     err = capsys.readouterr().err
     assert "--dump-dir" in err and str(a_file / "dump") in err and "cannot create the folder" in err
     assert "[1/8] capture" not in err and "Traceback" not in err
+
+
+def test_checking_an_output_leaves_no_file_behind(capsys, tmp_path, monkeypatch):
+    """The check creates the file to prove it can; a run that then fails writes nothing."""
+    program = tmp_path / "mlp.pte"
+    monkeypatch.setattr("compiler.api.run_pipeline", _fails)
+    assert main(["compile", "mlp", "-o", str(program)]) == 2
+    assert not program.exists()
+
+
+def _fails(*args, **kwargs):
+    from compiler.ir.errors import CompileError
+
+    raise CompileError("a stage failed", stage="capture")
+
+
+def test_a_write_that_fails_after_the_compile_is_named_and_the_rerun_is_cached(capsys, tmp_path, monkeypatch):
+    """The disk fills (or the mount turns read-only) during the compile: a named error, and the
+    stage cache holds the work, so the same command again loads every stage."""
+    program, cache = tmp_path / "mlp.pte", tmp_path / "cache"
+    argv = ["compile", "mlp", "-o", str(program), "--cache-dir", str(cache)]
+
+    def disk_full(self, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    with monkeypatch.context() as patched:
+        patched.setattr("compiler.api.Artifact.save", disk_full)
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"-o '{program}': writing the program failed after the compile (No space left on device)" in err
+    assert "the stage cache" in err and str(cache) in err and "run the same command again" in err
+    assert "Traceback" not in err
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert program.stat().st_size > 0
+    assert "cached" in out.out + out.err
 
 
 def test_an_output_that_is_a_folder_is_refused(capsys, tmp_path):
