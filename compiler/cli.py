@@ -17,7 +17,6 @@ import logging
 import os
 import shlex
 import sys
-import tempfile
 import traceback
 from typing import IO, Any, Mapping, Sequence
 
@@ -29,6 +28,7 @@ from rich.table import Table
 from compiler import backends, catalog, config
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.tolerance import FLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE
+from compiler.writable import prove_file_writable, prove_folder_writable
 
 RESUME = "python -m compiler compile --resume-from {path}"
 DEFAULT_BACKEND = config.CompileConfig().backend
@@ -309,17 +309,13 @@ def _file_to_write(flag: str, path: str | None) -> str | None:
             f"{flag} {path!r} is a folder", hint=f"give {flag} a file name, e.g. {os.path.join(path, 'model.pte')}"
         )
     _folder_to_write(flag, os.path.dirname(os.path.abspath(path)), path)
-    existed = os.path.exists(path)
     try:
-        with open(path, "ab"):
-            pass
+        prove_file_writable(path)
     except OSError as exc:
         raise UserInputError(
             f"{flag} {path!r}: the file cannot be written ({exc.strerror})",
             hint=f"give {flag} a place under a folder you can write to",
         ) from None
-    if not existed:
-        os.remove(path)
     return path
 
 
@@ -334,8 +330,7 @@ def _folder_to_write(flag: str, folder: str, given: str | None = None) -> str:
     except OSError as exc:
         raise UserInputError(f"{named}: cannot create the folder {folder!r} ({exc.strerror})", hint=hint) from None
     try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        prove_folder_writable(folder)
     except OSError as exc:
         raise UserInputError(f"{named}: no file can be written in the folder {folder!r} ({exc.strerror})", hint=hint) from None
     return folder

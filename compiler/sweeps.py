@@ -35,6 +35,7 @@ import attrs
 
 from compiler import backends, catalog, config
 from compiler.ir.errors import CompileError, UserInputError
+from compiler.writable import prove_file_writable
 
 # Keys of a job besides the compile options (`compiler.config.options()`).
 JOB_KEYS = ("model", "backend", "backend_options", "check", "tolerance", "output")
@@ -502,9 +503,13 @@ def _prepare_outputs(jobs: Sequence[Job]) -> None:
         except OSError as exc:
             raise UserInputError(f"job {job.entry}: key 'output' {job.output!r}: cannot create the folder "
                                  f"{folder!r} ({exc.strerror})", hint="give a place under a folder you can write to")
-        if os.path.isdir(job.output) or not os.access(folder, os.W_OK | os.X_OK):
-            raise UserInputError(f"job {job.entry}: key 'output' {job.output!r} cannot be written",
-                                 hint="give a .pte path under a folder you can write to")
+        try:
+            if os.path.isdir(job.output):
+                raise IsADirectoryError(21, "Is a directory")
+            prove_file_writable(job.output)
+        except OSError as exc:
+            raise UserInputError(f"job {job.entry}: key 'output' {job.output!r} cannot be written ({exc.strerror})",
+                                 hint="give a .pte path under a folder you can write to") from None
 
 
 def _run_in_pool(jobs: Sequence[Job], workers: int, common: Mapping[str, Any],

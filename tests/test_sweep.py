@@ -101,6 +101,13 @@ def test_a_bad_job_is_named_before_any_work(jobs, message):
     assert message in str(caught.value)
 
 
+def test_an_output_no_file_can_be_made_at_is_named_before_any_work(tmp_path):
+    """/proc passes a permission check for root; making the file is the test that holds."""
+    with pytest.raises(UserInputError, match=r"job 1: key 'output' '/proc/x.pte' cannot be written \(No such file"):
+        sweeps.sweep([{"model": "mlp", "output": "/proc/x.pte"}], cache_dir=str(tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.stage*"))
+
+
 def test_a_bad_jobs_file_is_named_by_the_cli_at_once(tmp_path, capsys):
     (tmp_path / "jobs.toml").write_text('[[jobs]]\nmodel = "mlp"\n\n[[jobs]]\nmodel = "mlp"\nwokers = 2\n')
     assert main(["sweep", str(tmp_path / "jobs.toml")]) == 2
