@@ -41,6 +41,7 @@ from typing import Mapping
 import torch
 from torch._decomp import decomposition_table as _torch_decompositions
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir.dialect import op_name
@@ -52,7 +53,7 @@ from compiler.private_api import (
     restore_no_decompose_ops,
 )
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.edge_conversion import generate_edge_program
+from compiler.stages.edge_conversion import fake_mode, fake_result, generate_edge_program, strides
 
 logger = logging.getLogger(__name__)
 
@@ -337,6 +338,48 @@ def keepable(ops) -> set[torch._ops.OpOverload]:
     return kept
 
 
+def _layout_key(node: torch.fx.Node) -> tuple:
+    """What decides the layout of `node`'s output: its op and its inputs' dtypes, sizes and strides."""
+    values = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    described = pytree.tree_map(
+        lambda v: (v.dtype, tuple(v.shape), v.stride()) if isinstance(v, torch.Tensor) else v, values
+    )
+    return node.target, str(described)
+
+
+def _restrided_when_kept(node: torch.fx.Node, mode, known: dict) -> bool:
+    """Whether `node` kept whole gets other strides than traced: its no-decompose twin is traced
+    by a meta kernel that may choose another layout (CPU attention of transposed inputs returns
+    heads-minor strides, its twin contiguous ones). Asked once per op and layout, in `known`."""
+    key = _layout_key(node)
+    if key not in known:
+        try:
+            twin = fake_result(node, no_decompose_op(node.target), mode)
+            known[key] = strides(twin) != strides(node.meta.get("val"))
+        except Exception as exc:  # a probe: assume the layout changes, which costs at most a copy
+            logger.debug("could not trace %s kept whole: %s", node.name, exc)
+            known[key] = True
+    return known[key]
+
+
+def views_to_reshape(program: ExportedProgram, kept: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The `view`s that may read a value whose strides keeping `kept` whole changes. Traced as
+    `reshape`, each decomposes to the same view where the strides allow one and to a copy and
+    a view where they do not; as views they failed the decomposition ("Cannot view a tensor
+    with shape [8, 16, 2, 16] and strides (512, 16, 256, 1) as (8, 16, 32)": a VLM's heads
+    merged after its attention, kept whole for MLX and Core ML)."""
+    mode, known = fake_mode(program.graph_module), {}
+    changed = {node for node in kept if _restrided_when_kept(node, mode, known)}
+    views = []
+    for node in program.graph.nodes if changed else ():
+        if node in changed or not any(a in changed for a in node.all_input_nodes):
+            continue
+        changed.add(node)  # an op of a restrided input may follow its layout
+        if node.target is torch.ops.aten.view.default:
+            views.append(node)
+    return views
+
+
 def decompose(
     program: ExportedProgram, keep_nodes: frozenset[str] | set[str]
 ) -> tuple[ExportedProgram, list[torch._ops.OpOverload]]:
@@ -344,20 +387,21 @@ def decompose(
 
     The names come from the dry run, which already dropped ops that cannot be kept
     whole (mutating or aliasing ones)."""
-    table = decomposition_table(program, {n.target for n in call_nodes(program) if n.name in keep_nodes})
-    renamed: list[tuple[torch.fx.Node, torch._ops.OpOverload]] = []
-    for node in call_nodes(program):
-        if node.name in keep_nodes:
-            renamed.append((node, node.target))
-            node.target = no_decompose_op(node.target)
+    kept = [node for node in call_nodes(program) if node.name in keep_nodes]
+    table = decomposition_table(program, {node.target for node in kept})
+    retargeted = [(node, no_decompose_op(node.target)) for node in kept]
+    retargeted += [(node, torch.ops.aten.reshape.default) for node in views_to_reshape(program, kept)]
+    originals = [(node, node.target) for node, _ in retargeted]
+    for node, target in retargeted:
+        node.target = target
     try:
         decomposed = program.run_decompositions(table)
     finally:
-        for node, target in renamed:  # the input artifact must come back unchanged
+        for node, target in originals:  # the input artifact must come back unchanged
             node.target = target
     restore_no_decompose_ops(decomposed)
     cast_cat_inputs(decomposed)
-    return decomposed, sorted({target for _, target in renamed}, key=str)
+    return decomposed, sorted({node.target for node in kept}, key=str)
 
 
 @contextlib.contextmanager

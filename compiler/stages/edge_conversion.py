@@ -169,7 +169,7 @@ def _is_plain(gm: torch.fx.GraphModule) -> bool:
     return True
 
 
-def _fake_mode(gm: torch.fx.GraphModule):
+def fake_mode(gm: torch.fx.GraphModule):
     """The program's fake mode, set up as a retrace sets it up (it lets real tensors in)."""
     mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     if mode is not None:
@@ -177,7 +177,7 @@ def _fake_mode(gm: torch.fx.GraphModule):
     return mode
 
 
-def _fake_result(node: torch.fx.Node, op, mode) -> object:
+def fake_result(node: torch.fx.Node, op, mode) -> object:
     """What `op` gives on the node's inputs' fake values: the value a retrace records."""
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
     with mode, enable_python_dispatcher():
@@ -210,8 +210,8 @@ def _requires_grad(node: torch.fx.Node, mode, known: dict) -> list[bool] | None:
         return [False] * len(outputs)
     key = (node.target, pattern, len(outputs))
     if key not in known:
-        result = _fake_result(node, node.target, mode)
-        same_layout = _strides(result) == _strides(node.meta.get("val"))
+        result = fake_result(node, node.target, mode)
+        same_layout = strides(result) == strides(node.meta.get("val"))
         known[key] = [isinstance(v, torch.Tensor) and v.requires_grad for v in pytree.tree_leaves(result)] if same_layout else None
     return known[key]
 
@@ -229,7 +229,7 @@ def _with_grad_flags(value, flags: list[bool]):
     return pytree.tree_unflatten(flagged, spec)
 
 
-def _strides(value) -> list:
+def strides(value) -> list:
     """The strides of a value's tensors (what a copy variant in place of a view may change)."""
     return [v.stride() if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(value)]
 
@@ -246,19 +246,19 @@ def _restamp_values(gm: torch.fx.GraphModule, mode, swapped: set[torch.fx.Node])
         if node.target is operator.getitem:
             node.meta["val"] = node.args[0].meta["val"][node.args[1]]
         elif node in swapped or any(a in restrided for a in node.all_input_nodes):
-            node.meta["val"] = _fake_result(node, node.target, mode)
+            node.meta["val"] = fake_result(node, node.target, mode)
         elif (flags := _requires_grad(node, mode, known)) is None:
-            node.meta["val"] = _fake_result(node, node.target, mode)
+            node.meta["val"] = fake_result(node, node.target, mode)
         else:
             node.meta["val"] = _with_grad_flags(old, flags)
             continue
-        if _strides(old) != _strides(node.meta["val"]):
+        if strides(old) != strides(node.meta["val"]):
             restrided.add(node)
 
 
 def _copy_view_ops(gm: torch.fx.GraphModule) -> bool:
     """View ops become their `_copy` variants, whose output is a fresh contiguous tensor."""
-    mode = _fake_mode(gm)
+    mode = fake_mode(gm)
     swaps = [(n, _view_copy_variant(n.target)) for n in _calls(gm)]
     swaps = [(n, op) for n, op in swaps if op is not None]
     if mode is None or any(op is n.target for n, op in swaps):
@@ -282,7 +282,7 @@ def _use_edge_ops(gm: torch.fx.GraphModule) -> bool:
 def _use_dim_order_ops(gm: torch.fx.GraphModule) -> bool:
     """Ops taking a memory format become the dim-order ops taking the dim order it means."""
     nodes = [n for n in _calls(gm) if is_edge_op(n.target) and n.target in DimOrderOpsMap]
-    mode = _fake_mode(gm) if nodes else None
+    mode = fake_mode(gm) if nodes else None
     if nodes and mode is None:
         return False
     for node in nodes:
@@ -302,7 +302,7 @@ def _use_dim_order_ops(gm: torch.fx.GraphModule) -> bool:
             kwargs["dim_order"] = get_dim_order(memory_format, ndim)
         node.target = DimOrderOpsMap[node.target]
         node.kwargs = kwargs
-        node.meta["val"] = _fake_result(node, node.target, mode)
+        node.meta["val"] = fake_result(node, node.target, mode)
     return True
 
 

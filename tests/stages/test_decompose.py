@@ -203,3 +203,25 @@ def test_integer_remainder_floors_like_torch(backend):
     artifact = compiler.compile(Remainders(), (t, d), backend)
     for got, want in zip(compiler.run(artifact, (t, d)), Remainders()(t, d)):
         assert torch.equal(got, want)
+
+
+class MergedHeads(torch.nn.Module):
+    """Heads split from the hidden dim and merged back by a `view`: eager CPU attention of
+    transposed inputs returns heads-minor strides, so the transposed result is contiguous."""
+
+    def forward(self, x):
+        b, s, e = x.shape
+        q = x.view(b, s, 4, e // 4).transpose(1, 2)
+        attention = torch.nn.functional.scaled_dot_product_attention(q, q * 0.5, q)
+        return attention.transpose(1, 2).view(b, s, e) * 2
+
+
+@pytest.mark.parametrize("backend", ["mlx", "coreml"])
+def test_a_view_after_attention_kept_whole_matches_eager(backend):
+    """Kept whole, attention's meta kernel gives contiguous heads-major strides, on which the
+    `view` after the transpose failed ("Cannot view a tensor with shape [2, 8, 4, 16] and strides
+    (512, 16, 128, 1)"); it is decomposed as the reshape it needs."""
+    model, args = MergedHeads().eval(), (torch.randn(2, 8, 64),)
+    artifact = compiler.compile(model, args, backend)
+    assert "aten.scaled_dot_product_attention.default" in artifact.stages["decompose"].preserved_ops
+    torch.testing.assert_close(compiler.run(artifact, args)[0], model(*args), atol=2e-3, rtol=2e-3)
