@@ -282,6 +282,99 @@ def whisper(mels: int = 16, frames: int = 64, hidden: int = 64, layers: int = 2,
     return SpeechToText(model), (torch.randn(1, mels, frames), torch.tensor([[1, 5, 9, 13]]))
 
 
+def _causal_lm(config_class, model_class, hidden: int, layers: int, seq: int, vocab: int, attention: str, **extra):
+    """A decoder-only LM of the Llama family's layout (`*ForCausalLM`); returns the logits builder's pair."""
+    config = _attention(
+        config_class(vocab_size=vocab, **_layer_sizes(hidden, layers), max_position_embeddings=64, **extra), attention
+    )
+    return Logits(model_class(config)), (torch.randint(0, vocab, (1, seq)),)
+
+
+@_needs_transformers
+def qwen3(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "sdpa"):
+    """Qwen3 causal LM: grouped-query attention with RMS-normed queries and keys; returns the logits."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return _causal_lm(
+        Qwen3Config, Qwen3ForCausalLM, hidden, layers, seq, vocab, attention, num_key_value_heads=2, head_dim=16
+    )
+
+
+@_needs_transformers
+def phi3(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "sdpa"):
+    """Phi-3 causal LM: fused qkv and gate/up projections, partial rotary embedding; returns the logits."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    return _causal_lm(
+        Phi3Config, Phi3ForCausalLM, hidden, layers, seq, vocab, attention,
+        num_key_value_heads=4, partial_rotary_factor=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+
+
+@_needs_transformers
+def mistral(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "sdpa"):
+    """Mistral causal LM: grouped-query attention under a sliding window shorter than the sequence; returns the logits."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return _causal_lm(
+        MistralConfig, MistralForCausalLM, hidden, layers, seq, vocab, attention,
+        num_key_value_heads=2, head_dim=16, sliding_window=seq // 2,
+    )
+
+
+def _padded_batch(vocab: int, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two token-id rows and their attention mask, the second row padded at the end."""
+    input_ids = torch.randint(3, vocab, (2, seq))
+    mask = torch.ones(2, seq, dtype=torch.long)
+    mask[1, seq // 2:] = 0
+    return input_ids, mask
+
+
+@_needs_transformers
+def bert(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "sdpa"):
+    """BERT encoder on a padded batch (token ids, attention mask, token types); returns the hidden states and the pooled output."""
+    from transformers import BertConfig, BertModel
+
+    config = _attention(BertConfig(vocab_size=vocab, **_layer_sizes(hidden, layers), max_position_embeddings=64), attention)
+    input_ids, mask = _padded_batch(vocab, seq)
+    token_types = torch.zeros_like(input_ids)
+    token_types[:, seq // 2:] = 1
+    return Tensors(BertModel(config), "last_hidden_state", "pooler_output"), (input_ids, mask, token_types)
+
+
+@_needs_transformers
+def t5_encoder(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "eager"):
+    """T5 encoder on a padded batch: relative position buckets, RMS norms, no biases (transformers
+    gives T5 eager attention only); returns the hidden states."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = _attention(
+        T5Config(
+            vocab_size=vocab, d_model=hidden, d_kv=hidden // 4, d_ff=2 * hidden, num_layers=layers, num_heads=4,
+            relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        ),
+        attention,
+    )
+    return Tensors(T5EncoderModel(config), "last_hidden_state"), _padded_batch(vocab, seq)
+
+
+@_needs_transformers
+def clip_text(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "sdpa"):
+    """CLIP text encoder: causal mask, quick-GELU, pooled at each row's end-of-text token; returns the hidden states and the pooled output."""
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    config = _attention(
+        CLIPTextConfig(
+            vocab_size=vocab, **_layer_sizes(hidden, layers), max_position_embeddings=seq,
+            pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        ),
+        attention,
+    )
+    input_ids = torch.randint(3, vocab, (2, seq))
+    input_ids[0, -1] = input_ids[1, seq // 2] = 2  # each row's end-of-text token
+    return Tensors(CLIPTextModel(config), "last_hidden_state", "pooler_output"), (input_ids,)
+
+
 SUITE: dict[str, Callable] = {
     "llama_static_cache": llama_static_cache,
     "gemma": gemma,
@@ -290,4 +383,10 @@ SUITE: dict[str, Callable] = {
     "gpt2": gpt2,
     "gemma3_vlm": gemma3_vlm,
     "whisper": whisper,
+    "qwen3": qwen3,
+    "phi3": phi3,
+    "mistral": mistral,
+    "bert": bert,
+    "t5_encoder": t5_encoder,
+    "clip_text": clip_text,
 }

@@ -110,9 +110,7 @@ class MedianDim(nn.Module):
 @pytest.mark.parametrize("model_type", [Median, MedianDim])
 def test_median(model_type, backend):
     torch.manual_seed(0)
-    # Core ML: the 0-d fill of the NaN check runs on the CPU (see the zero_dim_fill rule)
-    cpu = {"aten.full_like.default"} if model_type is Median else set()
-    _check(model_type(), (torch.randn(3, 5),), backend, coreml_cpu=cpu, gone=("aten.median.default", "aten.median.dim"))
+    _check(model_type(), (torch.randn(3, 5),), backend, gone=("aten.median.default", "aten.median.dim"))
 
 
 # --- round with decimals -----------------------------------------------------------

@@ -220,6 +220,17 @@ def bitwise_and_of_non_bool(node, ctx) -> Optional[str]:
 
 
 @node_rule()
+def log1p_as_log_of_x_plus_one(node, ctx) -> Optional[str]:
+    # log_sigmoid decomposes to min(x, 0) - log1p(exp(-|x|)), so this keeps it off too.
+    if _is(node, torch.ops.aten.log1p):
+        return (
+            f"coremltools converts {op_name(node.target)} to Core ML's log with epsilon 1, log(x + 1), which "
+            "loses log1p's precision near 0 (x = 1e-4 in float16 gives 0); the payload check refuses it"
+        )
+    return None
+
+
+@node_rule()
 def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
     for value in (*node.args, *node.kwargs.values()):
         if isinstance(value, torch.dtype) and value not in TORCH_DTYPE_TO_NUM:
@@ -231,16 +242,17 @@ def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
     return None
 
 
-_FILLS = tuple(
-    getattr(torch.ops.aten, name)
-    for name in ("full", "zeros", "ones", "new_full", "new_zeros", "new_ones", "full_like", "zeros_like", "ones_like")
-)  # not scalar_tensor: coremltools converts it as a constant
+# The fills coremltools converts to Core ML's fill with the shape as given, not cast to int32
+# (`full`, `new_full` cast it; `zeros` folds to a constant, the `*_like` fills read a tensor's
+# shape): the empty shape of a 0-d result is a float constant. Refused, they are not kept whole
+# and decompose to a `full`, which Core ML takes.
+_FILLS_OF_UNCAST_SHAPE = (torch.ops.aten.ones, torch.ops.aten.new_zeros)
 
 
 @node_rule()
 def zero_dim_fill(node, ctx) -> Optional[str]:
     value = node.meta.get("val")
-    if _is(node, *_FILLS) and isinstance(value, torch.Tensor) and value.dim() == 0:
+    if _is(node, *_FILLS_OF_UNCAST_SHAPE) and isinstance(value, torch.Tensor) and value.dim() == 0:
         return (
             f"Core ML cannot make a 0-d tensor with {op_name(node.target)}: coremltools gives Core ML's "
             "fill an empty float shape (stock: 'expects tensor or scalar of dtype from type domain [int32]')"
@@ -248,10 +260,11 @@ def zero_dim_fill(node, ctx) -> Optional[str]:
     return None
 
 
-# Ops coremltools converts to MIL ops whose data takes fp16, fp32 or int32 only.
+# Ops coremltools converts to MIL ops whose data takes fp16, fp32 or int32 only (not `index`:
+# its gathers cast bool data to a number and back).
 _NO_BOOL_DATA = (
     torch.ops.aten.slice_scatter, torch.ops.aten.select_scatter,  # torch_tensor_assign
-    torch.ops.aten.index_select, torch.ops.aten.gather, torch.ops.aten.index,  # gather, gather_nd
+    torch.ops.aten.index_select, torch.ops.aten.gather,  # gather, gather_along_axis
     torch.ops.aten.pad, torch.ops.aten.constant_pad_nd,  # pad: a bool comes out float64, which no op takes
 )
 

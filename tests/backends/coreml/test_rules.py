@@ -1,4 +1,4 @@
-"""Node rules: bool min/max, integer bitwise_and, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16."""
+"""Node rules: bool min/max, integer bitwise_and, log1p, 0-d fills, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16."""
 
 import contextlib
 
@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compiler.runtime import compare_with_eager
-from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error
+from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error, stock_pte
 
 
 class BoolReduce(nn.Module):
@@ -61,6 +61,43 @@ def test_bitwise_and_of_integers_runs_on_cpu_and_of_bools_on_core_ml():
 def test_stock_fails_on_bitwise_and_of_integers():
     model, inputs = BitwiseAnd(), (torch.randint(-8, 8, (2, 4), dtype=torch.int32),)
     assert "only supports boolean input" in stock_error(model, inputs)
+
+
+class Log1p(nn.Module):
+    """log1p, and logsigmoid, which decomposes to min(x, 0) - log1p(exp(-|x|))."""
+
+    def forward(self, x):
+        return torch.log1p(x) * 2, F.logsigmoid(x) + 1
+
+
+_NEAR_ZERO = (torch.full((2, 3), 1e-4) * torch.arange(1, 7).reshape(2, 3),)
+
+
+def test_log1p_and_logsigmoid_run_on_the_cpu_and_match_eager():
+    model = Log1p()
+    artifact = compile_coreml(model, _NEAR_ZERO)
+    on_cpu = [n for n, op in cpu_ops(artifact).items() if op == "aten.log1p.default"]
+    assert len(on_cpu) == 2
+    assert all("log with epsilon 1" in cpu_reasons(artifact)[n] for n in on_cpu)
+    assert {"aten.exp.default", "aten.mul.Tensor"} <= set(delegated_ops(artifact))
+    for inputs in (_NEAR_ZERO, (torch.randn(2, 3),)):
+        assert compare_with_eager(artifact, model, inputs).passed
+    assert compare_with_eager(artifact, model, _NEAR_ZERO).output_errors[0][1] < 0.01  # relative
+
+
+def test_without_the_rule_the_payload_check_refuses_log1p():
+    from compiler.ir.errors import VerificationError
+
+    with _without_rule("log1p_as_log_of_x_plus_one"), pytest.raises(VerificationError, match="epsilon 1"):
+        compile_coreml(Log1p(), _NEAR_ZERO)
+
+
+def test_stock_log1p_near_zero_is_wrong():
+    """Stock's payload computes log(x + 1) in float16, where 1 + 1e-4 is 1: log1p's output is
+    all wrong (relative error 1), though within float16's tolerance of the largest output."""
+    model = Log1p()
+    check = compare_with_eager(stock_pte(model, _NEAR_ZERO), model, _NEAR_ZERO)
+    assert check.output_errors[0][1] > 0.5
 
 
 class IndexPut(nn.Module):
@@ -273,6 +310,25 @@ def test_index_select_of_bool_runs_on_the_cpu():
     assert any("of bool data" in reason for reason in cpu_reasons(artifact).values())
 
 
+class IndexBool(nn.Module):
+    """Integer indices into bool data (a mask picked per row, as a padding mask is)."""
+
+    def forward(self, x, rows):
+        mask = x > 0
+        return mask[rows].float() * 2, mask[rows, rows.clamp(max=2)].float() + 1
+
+
+def test_index_of_bool_data_runs_on_core_ml_like_stock():
+    """coremltools' `index` gathers bool data through a cast (its `_construct_gather_op`); the
+    bool-data rule once refused it too, and each transformer's mask indexing ran on the CPU."""
+    model, inputs = IndexBool(), (torch.randn(5, 3), torch.tensor([0, 2, 4, 2]))
+    artifact = compile_coreml(model, inputs)
+    assert not cpu_ops(artifact)
+    assert delegated_ops(artifact).count("aten.index.Tensor") == 2
+    assert compare_with_eager(artifact, model, inputs).passed
+    assert compare_with_eager(stock_pte(model, inputs), model, inputs).passed
+
+
 class ProductOfConstants(nn.Module):
     """A matmul that reads no model input: kept whole for Core ML, its partition would
     have no inputs (Core ML needs iOS 18 for that), so it lands on the CPU, where the
@@ -307,16 +363,56 @@ def test_a_cast_to_a_dtype_coremltools_cannot_name_runs_on_the_cpu():
 
 
 class ZeroDimFill(nn.Module):
+    """0-d fills: `ones` and `new_zeros` Core ML cannot make; `full` and `zeros` it can."""
+
     def forward(self, x):
-        return x * torch.ones(()) + torch.full((), 2.0), torch.zeros(()).amin()
+        return x * torch.ones(()) + x.new_zeros(()), x + torch.full((), 2.0), torch.zeros((), dtype=torch.int32) + 3
 
 
-def test_a_zero_dim_fill_runs_on_the_cpu():
+def test_a_zero_dim_ones_or_new_zeros_is_not_kept_whole_and_its_full_runs_on_core_ml():
+    """Refused, a 0-d `ones` or `new_zeros` is not kept whole: it decomposes to a `full`,
+    which Core ML makes (before the rule was narrowed to these two, every 0-d fill ran on the CPU)."""
     model, inputs = ZeroDimFill(), (torch.randn(2, 3),)
-    assert "type domain" in stock_error(model, inputs)
     artifact = compile_coreml(model, inputs)
-    assert any("0-d tensor" in reason for reason in cpu_reasons(artifact).values())
-    assert delegated_ops(artifact)
+    assert not cpu_ops(artifact)
+    delegated = delegated_ops(artifact)
+    assert delegated.count("aten.full.default") == 3 and "aten.zeros.default" in delegated
+    assert compare_with_eager(artifact, model, inputs).passed
+
+
+class Fill(nn.Module):
+    def __init__(self, fill):
+        super().__init__()
+        self.fill = fill
+
+    def forward(self, x):
+        return x + self.fill(x)
+
+
+_ZERO_DIM_FILLS = {
+    "ones": lambda x: torch.ones(()),
+    "new_zeros": lambda x: x.new_zeros(()),
+    "full": lambda x: torch.full((), 2.0),
+    "full_int": lambda x: torch.full((), 3, dtype=torch.int32),
+    "zeros": lambda x: torch.zeros(()),
+}
+
+
+@pytest.mark.parametrize("fill", ["ones", "new_zeros"])
+def test_stock_and_ours_without_the_rule_fail_on_a_zero_dim_fill(fill):
+    from compiler.ir.errors import StageFailure
+
+    model, inputs = Fill(_ZERO_DIM_FILLS[fill]), (torch.randn(2, 3),)
+    assert "expects tensor or scalar of dtype from type domain ['int32']" in stock_error(model, inputs)
+    with _without_rule("zero_dim_fill"), pytest.raises(StageFailure, match="type domain"):
+        compile_coreml(model, inputs)
+
+
+@pytest.mark.parametrize("fill", ["full", "full_int", "zeros"])
+def test_stock_runs_a_zero_dim_full_or_zeros_right(fill):
+    """What the rule leaves to Core ML: coremltools casts `full`'s shape to int32 and folds `zeros`."""
+    model, inputs = Fill(_ZERO_DIM_FILLS[fill]), (torch.randn(2, 3),)
+    assert compare_with_eager(stock_pte(model, inputs), model, inputs).passed
 
 
 class PoolIndices(nn.Module):
