@@ -131,6 +131,7 @@ class PartitionedProgram(_ExportedArtifact):
     invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (
         inv.constants_own_their_bytes,
         inv.constants_row_major,
+        inv.tag_groups_convex,
         inv.mutable_buffers_not_split,
         inv.delegate_inputs_have_supported_dtypes,
         inv.cpu_ops_have_kernels,

@@ -26,8 +26,9 @@ GELU is rewritten into the formula torch computes, 0.5 x (1 + tanh(sqrt(2/pi) (x
 0.044715 x^3))), in plain Edge ops XNNPACK takes, before the partition search.
 
 A copy (`clone`) XNNPACK takes whose result is used outside the delegate runs on the
-CPU: XNNPACK elides copies, so its output would pass another value through, which
-the delegate refuses ("Output node ... is already in the inputs"; stock fails so).
+CPU when its output would pass another value through once XNNPACK elides it (a copy of
+a delegate input, or of a value the delegate returns anyway), which the delegate refuses
+("Output node ... is already in the inputs"; stock fails so).
 
 Other node visitors read less of a node than its op means, and stock's configs take
 the node anyway (found by tests/backends/xnnpack/test_xnnpack_support_table.py, which
@@ -314,16 +315,42 @@ COPY_LEAVES_DELEGATE = (
 )
 
 
+def _leaves(node: torch.fx.Node, tag: str) -> bool:
+    return any(user.op == "output" or user.meta.get("delegation_tag") != tag for user in node.users)
+
+
+def _copied_value(copy: torch.fx.Node, tag: str) -> torch.fx.Node:
+    """What a copy copies, past the copies of its delegate before it (XNNPACK drops them all)."""
+    source = copy.args[0]
+    while source.meta.get("delegation_tag") == tag and "clone" in op_name(source.target):
+        source = source.args[0]
+    return source
+
+
 def copies_leaving_the_delegate(program: ExportedProgram) -> dict[str, str]:
-    """Untag the copies XNNPACK took whose result is used outside their delegate; their reasons."""
-    untagged = {}
+    """Untag the copies XNNPACK took whose result is used outside their delegate and would pass
+    a value through once dropped: a copy of a delegate input, or of a value the delegate also
+    returns (itself or through another such copy); their reasons. A leaving copy of a value
+    computed and used only inside stays, as in stock: the delegate returns that value instead.
+    The delegate's own users of a copy sent to the CPU read what it copies (the same values),
+    so the copy does not sit between two ops of one delegate, which would split it."""
+    leaving: dict[tuple[torch.fx.Node, str], list[torch.fx.Node]] = {}
     for node in program.graph.nodes:
         tag = node.meta.get("delegation_tag")
-        if not tag or "clone" not in op_name(node.target):
+        if tag and "clone" in op_name(node.target) and _leaves(node, tag):
+            leaving.setdefault((_copied_value(node, tag), tag), []).append(node)
+    untagged = {}
+    for (value, tag), copies in leaving.items():
+        inside = value.op != "placeholder" and value.meta.get("delegation_tag") == tag
+        if inside and len(copies) == 1 and not _leaves(value, tag):
             continue
-        if any(user.op == "output" or user.meta.get("delegation_tag") != tag for user in node.users):
+        for node in copies:
             del node.meta["delegation_tag"]
             untagged[node.name] = COPY_LEAVES_DELEGATE
+            for user in [u for u in node.users if u.meta.get("delegation_tag") == tag]:
+                user.replace_input_with(node, node.args[0])
+    if untagged:
+        program.graph_module.recompile()
     return untagged
 
 
