@@ -17,6 +17,7 @@ from typing import Callable
 GENERATED: dict[str, str] = {
     "options-table": "compiler.config:options_table",
     "coreml-mil-ops": "compiler.backends.coreml.interpreter:coverage_text",
+    "portable-kernel-limits": "compiler.stages.cpu_rewrites:limits_table",
 }
 
 

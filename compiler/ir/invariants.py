@@ -14,7 +14,6 @@ import attrs
 import torch
 from torch.export.graph_signature import InputKind
 
-from compiler.ir.convexity import reentries
 from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
 from compiler.ir.errors import VerificationError
 from compiler.ir.graph import (
@@ -26,6 +25,7 @@ from compiler.ir.graph import (
     mutated_buffer_targets,
     writes_argument,
 )
+from compiler.ir.kernel_limits import kernel_limit
 from compiler.ir.kernels import missing_kernel, registered_kernels, wrong_kernel
 
 
@@ -241,17 +241,6 @@ def mutable_buffers_not_split(artifact) -> Violation | None:
     return _violation_if_any(bad, "a mutable buffer owned by a delegate is also used outside it")
 
 
-@invariant(
-    "a delegate is one call, so no path may leave its tag group and come back into it: split the group "
-    "where the path leaves it (the partition stage does this after the backend's search), or tag the "
-    "outside nodes with it"
-)
-def tag_groups_convex(artifact) -> Violation | None:
-    paths = reentries(artifact.program.graph)
-    nodes = [name for p in paths for name in (p.exit, *p.outside, p.entry)]
-    return _violation_if_any(nodes, "; ".join(map(str, paths)))
-
-
 @invariant("leave the op reading that tensor on the CPU up to a conversion the backend takes")
 def delegate_inputs_have_supported_dtypes(artifact) -> Violation | None:
     refused = artifact.refused_input_dtypes
@@ -271,8 +260,9 @@ def delegate_inputs_have_supported_dtypes(artifact) -> Violation | None:
 
 
 @invariant(
-    "the op stays on the CPU but the runtime has no kernel for it: let the backend "
-    "take it, or let it decompose (do not keep it whole)"
+    "the op stays on the CPU but the runtime has no kernel for it (or one that refuses these inputs, "
+    "see compiler/ir/kernel_limits.py): let the backend take it, or let it decompose (do not keep it "
+    "whole), or change the model so the op gets inputs the kernel takes"
 )
 def cpu_ops_have_kernels(artifact) -> Violation | None:
     ep = artifact.program
@@ -286,7 +276,13 @@ def cpu_ops_have_kernels(artifact) -> Violation | None:
         wrong = wrong_kernel(node)
         if wrong:
             bad.append(f"{node.name} ({op_name(node.target)}: the runtime's kernel is wrong here: {wrong})")
-    return _violation_if_any(bad, "ops left on the CPU have no kernel, or a wrong one, in the ExecuTorch runtime")
+        limit = kernel_limit(node)
+        if limit:
+            refuses = f"the runtime's kernel refuses {limit.limit}: {limit.source}: {limit.reason}"
+            bad.append(f"{node.name} ({op_name(node.target)}: {refuses})")
+    return _violation_if_any(
+        bad, "ops left on the CPU have no kernel, or a wrong one or one refusing their inputs, in the ExecuTorch runtime"
+    )
 
 
 @invariant("the program would fail to load; see the operators named and keep them off the CPU")

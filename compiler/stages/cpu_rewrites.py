@@ -1,0 +1,175 @@
+"""Rewrites of CPU calls the portable kernels refuse into calls they take, exactly.
+
+Run by the partition stage after the backend's search, on untagged nodes only: a
+delegate may take what the portable kernel refuses (Core ML converts a 3-D convolution
+itself), and what a delegate gets is not changed. Each rewrite answers one limit of
+`compiler.ir.kernel_limits`; a call over a limit with no rewrite here, or one its
+rewrite cannot take (symbolic sizes), is left as it is and the `cpu_ops_have_kernels`
+invariant refuses it by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable
+
+import torch
+from executorch.exir.dialects._ops import ops as exir_ops
+from torch._guards import detect_fake_mode
+
+from compiler.ir.graph import DELEGATION_TAG
+from compiler.ir.kernel_limits import KERNEL_LIMITS, kernel_limit
+
+logger = logging.getLogger(__name__)
+
+edge = exir_ops.edge.aten
+
+# Metadata a new node takes from the node it replaces: where it came from in the model.
+_KEPT_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
+
+
+class _Builder:
+    """Inserts Edge calls before `node`, each with the fake value the op gives, as a retrace would."""
+
+    def __init__(self, node: torch.fx.Node) -> None:
+        self.node = node
+        self.graph = node.graph
+        self.mode = detect_fake_mode([n.meta.get("val") for n in self.graph.nodes if n.op == "placeholder"])
+        self.made: list[torch.fx.Node] = []
+
+    def __call__(self, op, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        with self.graph.inserting_before(self.node):
+            new = self.graph.call_function(op, args, kwargs)
+        fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        with self.mode or contextlib.nullcontext():
+            new.meta["val"] = op(*fake_args, **fake_kwargs)
+        new.meta.update({key: self.node.meta[key] for key in _KEPT_META if key in self.node.meta})
+        self.made.append(new)
+        return new
+
+
+def _static_shape(value: Any) -> list[int] | None:
+    shape = list(value.shape) if isinstance(value, torch.Tensor) else None
+    return shape if shape is not None and all(isinstance(size, int) for size in shape) else None
+
+
+def conv3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+    """A 3-D convolution as one 2-D convolution per depth tap, summed: the portable kernel
+    takes 3-D and 4-D inputs only. Tap k reads the depth-padded input at depths
+    d * stride + k * dilation for every output depth d (one strided slice, folded into the
+    batch), with the weight's k-th depth slice; height and width keep their stride, padding
+    and dilation, and groups hold per tap. The bias is added once, by the first tap."""
+    x, weight, bias, stride, padding, dilation, _transposed, _output_padding, groups = node.args
+    in_shape, w_shape = _static_shape(x.meta.get("val")), _static_shape(weight.meta.get("val"))
+    out_shape = _static_shape(node.meta.get("val"))
+    if in_shape is None or w_shape is None or out_shape is None:
+        return None  # symbolic sizes: the views below need numbers
+    n, c, depth, h, w = in_shape
+    _, out_channels, out_depth, out_h, out_w = out_shape
+    taps = w_shape[2]
+    if padding[0]:
+        x = build(edge.constant_pad_nd.default, x, [0, 0, 0, 0, padding[0], padding[0]], 0.0)
+    depth_major = build(edge.permute_copy.default, x, [0, 2, 1, 3, 4])
+    total = None
+    for k in range(taps):
+        start = k * dilation[0]
+        end = start + (out_depth - 1) * stride[0] + 1
+        picked = build(edge.slice_copy.Tensor, depth_major, 1, start, end, stride[0])
+        batch = build(edge.view_copy.default, picked, [n * out_depth, c, h, w])
+        tap_weight = build(edge.select_copy.int, weight, 2, k)
+        conv = build(
+            edge.convolution.default,
+            batch, tap_weight, bias if k == 0 else None,
+            list(stride[1:]), list(padding[1:]), list(dilation[1:]), False, [0, 0], groups,
+        )
+        total = conv if total is None else build(edge.add.Tensor, total, conv)
+    folded = build(edge.view_copy.default, total, [n, out_depth, out_channels, out_h, out_w])
+    return build(edge.permute_copy.default, folded, [0, 2, 1, 3, 4])
+
+
+def zero_dim_as_one_element(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+    """The op on a 0-d input as the same op on that value viewed as one element, the
+    result viewed back to the node's shape: the kernel refuses a dim argument on a 0-d
+    input, where torch takes dim 0 or -1 as the tensor itself."""
+    out_shape = _static_shape(node.meta.get("val"))
+    if out_shape is None:
+        return None
+    flat = build(edge.view_copy.default, node.args[0], [1])
+    called = build(node.target, flat, *node.args[1:], **node.kwargs)
+    return build(edge.view_copy.default, called, out_shape)
+
+
+def negative_pad_as_slice(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+    """A negative padding as a slice that crops there, then the non-negative padding: the
+    kernel takes non-negative padding only. torch crops the input the same way before it
+    pads, so the values and the fill are the same."""
+    x, pad = node.args[0], node.args[1]
+    shape = _static_shape(x.meta.get("val"))
+    if shape is None:
+        return None
+    for i in range(len(pad) // 2):
+        dim, before, after = len(shape) - 1 - i, pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            x = build(edge.slice_copy.Tensor, x, dim, max(-before, 0), shape[dim] - max(-after, 0), 1)
+    kept = [max(p, 0) for p in pad]
+    return build(edge.constant_pad_nd.default, x, kept, *node.args[2:], **node.kwargs) if any(kept) else x
+
+
+# Limit name -> its rewrite: (node, builder) -> the node standing for the result, or None
+# when it cannot rewrite this call.
+REWRITES: dict[str, Callable[[torch.fx.Node, _Builder], torch.fx.Node | None]] = {
+    "conv3d": conv3d_as_conv2d,
+    "cumsum_0d": zero_dim_as_one_element,
+    "sum_0d": zero_dim_as_one_element,
+    "pad_negative": negative_pad_as_slice,
+}
+
+
+def rewrite_for_cpu_kernels(
+    program: torch.export.ExportedProgram, cpu_reason: Callable[[torch.fx.Node], str]
+) -> dict[str, str]:
+    """Rewrite, in place, the CPU calls of `program` over a kernel limit that have a rewrite;
+    returns new node name -> its placement reason: why the call is on the CPU
+    (`cpu_reason`, the backend's) and why it was rewritten."""
+    reasons = {}
+    graph = program.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.meta.get(DELEGATION_TAG):
+            continue
+        limit = kernel_limit(node)
+        rewrite = REWRITES.get(limit.name) if limit else None
+        if rewrite is None:
+            continue
+        build = _Builder(node)
+        result = rewrite(node, build)
+        if result is None:
+            for new in reversed(build.made):
+                graph.erase_node(new)
+            continue
+        logger.debug("%s: %s rewritten into %d nodes", node.name, limit.name, len(build.made))
+        node.replace_all_uses_with(result)
+        for spec in program.graph_signature.output_specs:  # outputs are named by node
+            if getattr(spec.arg, "name", None) == node.name:
+                spec.arg.name = result.name
+        graph.erase_node(node)
+        reason = (
+            f"{cpu_reason(node)}; there {node.name} was rewritten, since the portable kernel refuses "
+            f"{limit.limit} ({limit.source})"
+        )
+        reasons |= dict.fromkeys((new.name for new in build.made), reason)
+    if reasons:
+        program.graph_module.recompile()
+    return reasons
+
+
+def limits_table() -> str:
+    """The README's table of the portable kernels' limits and what the compiler does about each."""
+    rows = ["| op | the kernel refuses | its check | what the compiler does |", "|---|---|---|---|"]
+    for limit in KERNEL_LIMITS:
+        rewrite = REWRITES.get(limit.name)
+        summary = " ".join(rewrite.__doc__.split(":")[0].split()) if rewrite else ""
+        action = f"rewrites it: {summary[0].lower()}{summary[1:]}" if rewrite else "refuses it at compile time"
+        check = f"`{limit.source}`: {limit.reason}".replace("|", "\\|")
+        rows.append(f"| `{limit.op}` | {limit.limit} | {check} | {action} |")
+    return "\n".join(rows)
