@@ -14,6 +14,7 @@ import attrs
 import torch
 from torch.export.graph_signature import InputKind
 
+from compiler.ir.convexity import reentries
 from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
 from compiler.ir.errors import VerificationError
 from compiler.ir.graph import (
@@ -239,6 +240,17 @@ def mutable_buffers_not_split(artifact) -> Violation | None:
         if any(n.meta.get(DELEGATION_TAG) != owner for n in touching):
             bad += [f"{n.name} on {n.meta.get(DELEGATION_TAG) or 'cpu'}" for n in touching]
     return _violation_if_any(bad, "a mutable buffer owned by a delegate is also used outside it")
+
+
+@invariant(
+    "a delegate is one call, so no path may leave its tag group and come back into it: split the group "
+    "where the path leaves it (the partition stage does this after the backend's search), or tag the "
+    "outside nodes with it"
+)
+def tag_groups_convex(artifact) -> Violation | None:
+    paths = reentries(artifact.program.graph)
+    nodes = [name for p in paths for name in (p.exit, *p.outside, p.entry)]
+    return _violation_if_any(nodes, "; ".join(map(str, paths)))
 
 
 @invariant("leave the op reading that tensor on the CPU up to a conversion the backend takes")

@@ -17,6 +17,7 @@ from torch.export.graph_signature import OutputKind
 
 from compiler.backends.base import Backend
 from compiler.ir.artifacts import EdgeProgram, PartitionedProgram
+from compiler.ir.convexity import Reentry, split_reentered_groups
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import DELEGATION_TAG, copy_program, op_nodes
 from compiler.ir.placement import PlacementPlan
@@ -46,6 +47,19 @@ def returned_buffer_copies(program: ExportedProgram) -> list:
     ]
 
 
+def split_reasons(paths: list[Reentry], reasons: dict[str, str]) -> dict[str, str]:
+    """The CPU reasons of the nodes on each path that left a group and came back, saying so."""
+    told = dict(reasons)
+    for path in paths:
+        for name in path.outside:
+            if name in told:
+                told[name] += (
+                    f"; a path from {path.exit} through it comes back into the same delegate at {path.entry}, "
+                    f"so that delegate ({path.tag}) was split there (one delegate call cannot both feed and read it)"
+                )
+    return told
+
+
 def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     """The backend's partition search on a copy of `edge` (the dry run uses this too)."""
     program = copy_program(edge.program)
@@ -62,6 +76,7 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
             f"the {backend.name} backend tagged nodes with tags it gave no backend for: {unknown}",
             hint="the backend's partition() must return a DelegationSpec for every tag it uses",
         )
+    partitions, reentered = split_reentered_groups(program.graph, result.partitions)
     reasons = {n.name: RETURNED_BUFFER_COPY for n in pinned}
     why = lambda n: result.cpu_reasons.get(n.name) or backend.default_cpu_reason(n)  # noqa: E731
     reasons |= rewrite_for_cpu_kernels(program, why)  # CPU calls a portable kernel refuses, rewritten
@@ -70,7 +85,7 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
         for n in op_nodes(program)
         if not n.meta.get(DELEGATION_TAG)
     }
-    plan = PlacementPlan.from_tagged_program(program, result.partitions, reasons)
+    plan = PlacementPlan.from_tagged_program(program, partitions, split_reasons(reentered, reasons))
     refused = frozenset(str(d).removeprefix("torch.") for d in backend.refused_input_dtypes)
     return PartitionedProgram(program, plan, edge.preserved_ops, refused)
 
