@@ -12,7 +12,7 @@ a CPU node still over a limit, so the compile fails, not the run.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import attrs
 import torch
@@ -32,17 +32,11 @@ class KernelLimit:
     hit: Callable[[torch.fx.Node], bool]
 
 
-def _value(argument: Any) -> Any:
-    return argument.meta.get("val") if isinstance(argument, torch.fx.Node) else None
-
-
-def _rank(node: torch.fx.Node, position: int = 0) -> int | None:
-    value = _value(node.args[position]) if len(node.args) > position else None
+def _rank(node: torch.fx.Node) -> int | None:
+    """The rank of the call's first argument (the input every limit here is about)."""
+    first = node.args[0] if node.args else None
+    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
     return value.dim() if isinstance(value, torch.Tensor) else None
-
-
-def _input_rank_is(*ranks: int) -> Callable[[torch.fx.Node], bool]:
-    return lambda node: _rank(node) in ranks
 
 
 def _transposed(node: torch.fx.Node) -> bool:
@@ -72,7 +66,7 @@ KERNEL_LIMITS: tuple[KernelLimit, ...] = (
         "0-d input (torch takes dim 0 or -1)",
         "kernels/portable/cpu/util/kernel_ops_util.cpp:check_cumsum_args",
         "dim_is_valid(dim, in.dim()): dim >= -0 && dim < 0 fails for every dim of a 0-d tensor",
-        _input_rank_is(0),
+        lambda node: _rank(node) == 0,
     ),
     KernelLimit(
         "sum_0d",

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import compiler
+from compiler.ir.dialect import op_name
 from compiler.ir.errors import VerificationError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.stages.cpu_rewrites import rewrite_for_cpu_kernels
@@ -67,6 +68,14 @@ def test_a_delegated_conv3d_is_left_to_its_delegate():
     conv.meta[DELEGATION_TAG] = "tag0"  # as a delegate that takes 3-D convolutions (Core ML) tags it
     assert rewrite_for_cpu_kernels(program, lambda n: "") == {}
     assert conv in program.graph.nodes and conv.meta[DELEGATION_TAG] == "tag0"
+
+
+@pytest.mark.slow
+def test_core_ml_takes_the_conv3d_whole_and_it_is_not_rewritten():
+    module, inputs = _conv3d(padding=1)
+    program = compiler.compile(module, inputs, backend="coreml", stop_after="partition").program
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    assert [op_name(n.target) for n in calls] == ["aten.conv3d.default"] and calls[0].meta.get(DELEGATION_TAG)
 
 
 def test_conv3d_with_a_symbolic_batch_is_refused_at_compile_time_by_name():
