@@ -7,13 +7,18 @@ For every example of `compiler.examples`, an LSTM (two layers), and every model 
 `compiler.model_suite` (small sizes; skipped without transformers), on each backend, it
 compiles both ways: ours (`compiler.compile`) and stock (`torch.export` +
 `to_edge_transform_and_lower(ep, [<backend's partitioner>])` + `to_executorch()`), and
-counts in each `.pte` the delegate calls and the CPU kernel calls. Where stock fails the
-error is shown in a word.
+counts in each `.pte` the delegate calls and the CPU kernel calls, and in each lowered
+program the ops inside delegates. Both programs are run (`compiler.run`; Core ML payloads in
+the MIL interpreter) and compared with eager. Where either fails the error is shown in a word.
 
 Ours should never have more of either unless one of our rules moved an op with a reason:
 for each row where ours has more, the reasons our placement plan gave for the CPU ops
 stock does not have (or has fewer of) are listed. A row with more and no reason of a rule
 (only "does not support" / "refused it", which stock would say too) is marked `CHECK`.
+
+Ours should never place below stock where stock's program is right: a row where stock's
+program matches eager and ours fails or calls more CPU kernels is marked `BELOW STOCK`. A rule that keeps an op off a delegate must rest on a failure its
+test shows; a row marked so is a rule without one (or a search that lost an op).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import operator
 import os
 import time
 import traceback
@@ -83,10 +89,36 @@ def models() -> dict[str, Callable]:
     return found
 
 
-def counts(pte: bytes) -> dict:
-    """Delegate calls, CPU kernel calls, and CPU op name -> calls, of a `.pte`'s first plan."""
+def delegated_ops(program) -> int:
+    """Ops inside the delegates of a lowered Edge program (their original programs' calls)."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    return sum(
+        1
+        for module in program.graph_module.children()
+        if isinstance(module, LoweredBackendModule)
+        for node in module.original_module.graph.nodes
+        if node.op == "call_function" and node.target is not operator.getitem
+    )
+
+
+def counts(pte: bytes, lowered, module, inputs) -> dict:
+    """Delegate calls, ops inside delegates, CPU kernel calls, CPU op name -> calls, of a
+    `.pte`'s first plan, and whether the program matches eager."""
     calls = pte_calls(pte)
-    return {"delegates": calls.delegates, "cpu_ops": calls.cpu_calls, "ops": dict(calls.cpu_ops)}
+    found = {
+        "delegates": calls.delegates,
+        "delegated_ops": delegated_ops(lowered),
+        "cpu_ops": calls.cpu_calls,
+        "ops": dict(calls.cpu_ops),
+    }
+    try:
+        check = compiler.compare_with_eager(pte, module, inputs)
+        found["matches_eager"] = check.passed
+        found["max_abs_error"] = check.max_abs_error
+    except Exception as exc:  # a runtime that cannot run it: not a verdict on the program
+        found["run_error"] = _in_a_word(exc)
+    return found
 
 
 def _in_a_word(exc: BaseException) -> str:
@@ -100,7 +132,8 @@ def stock(module, inputs, backend: str) -> dict:
     try:
         ep = torch.export.export(module, inputs)
         edge = to_edge_transform_and_lower(ep, partitioner=[stock_partitioner(backend)])
-        return counts(edge.to_executorch().buffer)
+        lowered = edge.exported_program()
+        return counts(edge.to_executorch().buffer, lowered, module, inputs)
     except Exception as exc:
         return {"error": _in_a_word(exc)}
 
@@ -117,7 +150,7 @@ def ours(module, inputs, backend: str) -> tuple[dict, object]:
     except Exception as exc:
         traceback.print_exc()  # to stderr: the table has the error in a word
         return {"error": _in_a_word(exc)}, None
-    return counts(artifact.pte), artifact
+    return counts(artifact.pte, artifact.stages["lower"].program, module, inputs), artifact
 
 
 def reasons_for_more(mine: dict, theirs: dict, artifact) -> list[str]:
@@ -128,6 +161,16 @@ def reasons_for_more(mine: dict, theirs: dict, artifact) -> list[str]:
         if _kernel_name(node.op) in extra and node.reason:
             found.setdefault(f"{node.op}: {node.reason}")
     return list(found)
+
+
+def below_stock(mine: dict, theirs: dict) -> bool:
+    """Whether stock's program is right and ours fails or leaves more on the CPU. The ops
+    inside delegates are not compared: fold leaves ours fewer ops in all (constant
+    subgraphs, rotary tables, masks), so an op stock delegates and ours does not shows as a
+    CPU call."""
+    if not theirs.get("matches_eager"):
+        return False
+    return "error" in mine or mine["cpu_ops"] > theirs["cpu_ops"]
 
 
 def is_rule(reason: str) -> bool:
@@ -141,6 +184,7 @@ def measure(name: str, factory: Callable, backend: str) -> dict:
     module, inputs = factory()[:2]  # a fresh module: compiling must not have touched it, but stock gets its own
     theirs = stock(module, inputs, backend)
     row = {"model": name, "backend": backend, "ours": mine, "stock": theirs, "seconds": time.perf_counter() - start}
+    row["below_stock"] = below_stock(mine, theirs)
     if "error" in mine or "error" in theirs:
         return row
     more = mine["delegates"] > theirs["delegates"] or mine["cpu_ops"] > theirs["cpu_ops"]
@@ -158,8 +202,18 @@ def _pair(row: dict, key: str) -> str:
     return f"{left} / {right}"
 
 
+def _eager(side: dict) -> str:
+    if "error" in side:
+        return "-"
+    if "run_error" in side:
+        return "cannot run"
+    return "yes" if side["matches_eager"] else f"NO ({side['max_abs_error']:.2g})"
+
+
 def _note(row: dict) -> str:
-    notes = [f"{side} fails: {row[side]['error']}" for side in ("ours", "stock") if "error" in row[side]]
+    notes = ["BELOW STOCK"] if row.get("below_stock") else []
+    notes += [f"{side} fails: {row[side]['error']}" for side in ("ours", "stock") if "error" in row[side]]
+    notes += [f"{side} cannot run: {row[side]['run_error']}" for side in ("ours", "stock") if "run_error" in row[side]]
     if row.get("more_than_stock"):
         if not row["explained"]:
             notes.append("CHECK: more than stock without a rule's reason")
@@ -169,12 +223,14 @@ def _note(row: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | backend | delegates ours / stock | CPU ops ours / stock | why ours has more |",
-        "|---|---|---|---|---|",
+        "| model | backend | delegates ours / stock | delegated ops ours / stock | CPU ops ours / stock "
+        "| matches eager ours / stock | notes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| `{row['model']}` | {row['backend']} | {_pair(row, 'delegates')} | {_pair(row, 'cpu_ops')} | {_note(row)} |"
+            f"| `{row['model']}` | {row['backend']} | {_pair(row, 'delegates')} | {_pair(row, 'delegated_ops')} "
+            f"| {_pair(row, 'cpu_ops')} | {_eager(row['ours'])} / {_eager(row['stock'])} | {_note(row)} |"
         )
     return "\n".join(lines)
 
@@ -196,7 +252,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row = measure(name, available[name], backend)
             rows.append(row)
             print(
-                f"{name:22} {backend:8} delegates {_pair(row, 'delegates'):9} cpu ops {_pair(row, 'cpu_ops'):9} "
+                f"{name:22} {backend:8} delegates {_pair(row, 'delegates'):9} delegated "
+                f"{_pair(row, 'delegated_ops'):9} cpu ops {_pair(row, 'cpu_ops'):9} "
                 f"({row['seconds']:.1f} s) {_note(row)[:160]}",
                 flush=True,
             )
@@ -208,7 +265,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with open(args.markdown, "w") as f:
             f.write("# Placement: ours against stock\n\n")
             f.write(f"`python -m benchmarks.placement` (torch {torch.__version__}). ")
-            f.write("Counts are delegate calls and CPU kernel calls in the `.pte`.\n\n")
+            f.write(
+                "Counts are delegate calls and CPU kernel calls in the `.pte`, and the ops inside "
+                "delegates in the lowered program; both programs are run and compared with eager "
+                "(Core ML payloads in the MIL interpreter).\n\n"
+            )
             f.write(text + "\n")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

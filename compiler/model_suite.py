@@ -283,7 +283,7 @@ def whisper(mels: int = 16, frames: int = 64, hidden: int = 64, layers: int = 2,
 
 
 def _causal_lm(config_class, model_class, hidden: int, layers: int, seq: int, vocab: int, attention: str, **extra):
-    """A decoder-only LM of the Llama family's layout (`*ForCausalLM`); returns the logits builder's pair."""
+    """A `*ForCausalLM` of the Llama family's layout and its token ids; the module returns the logits."""
     config = _attention(
         config_class(vocab_size=vocab, **_layer_sizes(hidden, layers), max_position_embeddings=64, **extra), attention
     )
@@ -344,8 +344,7 @@ def bert(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, atte
 
 @_needs_transformers
 def t5_encoder(layers: int = 2, hidden: int = 64, seq: int = 8, vocab: int = 128, attention: str = "eager"):
-    """T5 encoder on a padded batch: relative position buckets, RMS norms, no biases (transformers
-    gives T5 eager attention only); returns the hidden states."""
+    """T5 encoder on a padded batch: relative position buckets, RMS norms, no biases, eager attention (T5's only); returns the hidden states."""
     from transformers import T5Config, T5EncoderModel
 
     config = _attention(
