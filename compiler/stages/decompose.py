@@ -28,6 +28,10 @@ wrong, stock too); the kernel check refuses the op if any stage leaves it on the
 `aten.cat` (or `stack`, kept whole) of tensors of different dtypes
 (`torch.cat([mask, x])`: torch promotes) gets explicit casts: the Edge verifier refuses mixed dtypes there ("operators are
 taking Tensor inputs with mismatched dtypes"; stock fails the same way).
+Keeping an op whole must not change what a later op sees: a kept op is traced by its
+no-decompose twin's meta kernel, which may choose another layout than the traced kernel
+(CPU attention of transposed inputs returns heads-minor strides, the twin contiguous ones),
+so every `view` that may read such a value is decomposed as a `reshape` (`views_to_reshape`).
 """
 
 from __future__ import annotations

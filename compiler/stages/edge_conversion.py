@@ -19,6 +19,10 @@ values downstream of the parameters require grad), renames every node from its o
 and stamps fresh metadata: `_restamp_values` gives the values, and one copy of the
 graph into a fresh one at the end (`_as_retraced`) the names and metadata, so the
 program is the one stock's conversion gives.
+
+Runtime assertions export states through Python's symbolic helpers (`torch.sym_not`,
+`torch.sym_ite`), which the Edge verifier refuses, are rewritten without them first, or
+dropped, as `to_executorch` drops every assertion (`_sym_helpers_out`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import types
 from typing import Callable, Iterable
 
 import torch
@@ -54,10 +59,12 @@ from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
 from compiler.ir.dialect import ATEN, op_dialect
+from compiler.ir.errors import CompileError
 from compiler.private_api import (
     aten_to_edge_passes,
     is_edge_op,
     lift_constant_tensor_pass,
+    python_sym_ops_to_executorch,
     transform,
     unwrap_pass,
     updated_graph_signature,
@@ -386,6 +393,83 @@ def _generate_debug_handles(program: ExportedProgram, graph_pass) -> ExportedPro
     return program
 
 
+# Python's symbolic helpers (`torch.sym_not`, `torch.sym_ite`, `torch.sym_max`...): plain Python
+# functions, which the Edge verifier refuses ("assert op.__name__ in ('alloc',)"). ExecuTorch's
+# prim ops for them are no way out in an Edge program: they cannot be traced on a data-dependent
+# size, and the passes after this one retrace (`to_executorch` swaps them in after its last).
+_SYM_HELPERS = frozenset(f for f in python_sym_ops_to_executorch() if isinstance(f, types.FunctionType))
+
+_SCALARS = (*_SYMBOLIC, bool, int, float)
+
+# A comparison -> its negation, as `operator`'s functions (which the Edge verifier takes).
+_NEGATED = {
+    operator.eq: operator.ne,
+    operator.ne: operator.eq,
+    operator.lt: operator.ge,
+    operator.ge: operator.lt,
+    operator.gt: operator.le,
+    operator.le: operator.gt,
+}
+
+
+def _asserted_helpers_out(graph: torch.fx.Graph, helpers: list[torch.fx.Node]) -> None:
+    """Rid `graph` of `helpers`, which only assertions read: `sym_not` of a comparison becomes
+    the negated comparison (later retraces still learn from it: `torch._check(n != 0)` lets
+    `to_executorch` order the strides of a tensor sized `n`); the assertions reading any other
+    helper are removed, as `to_executorch` removes every assertion before it emits."""
+    negated = [h for h in helpers if h.target is torch.sym_not and getattr(h.args[0], "target", None) in _NEGATED]
+    for helper in negated:
+        comparison = helper.args[0]
+        with graph.inserting_before(helper):
+            negation = graph.call_function(_NEGATED[comparison.target], comparison.args)
+        negation.meta.update(helper.meta)
+        helper.replace_all_uses_with(negation)
+    derived = {h for h in helpers if h not in negated}
+    for node in graph.nodes:
+        if node not in derived and any(a in derived for a in node.all_input_nodes):
+            derived.add(node)
+    for node in [n for n in derived if n.target is aten._assert_scalar.default]:
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+
+
+def _sym_helpers_out(gm: torch.fx.GraphModule) -> None:
+    """Rid the program of Python's symbolic helpers: export states its size checks through them
+    (`torch._check(n != 0)` asserts `sym_not(n == 0)`, `torch._check_tensor_all` reads a
+    `sym_ite`, as VLMs' image-token merges do), which only assertions read. A helper that feeds
+    anything else is refused by name."""
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        graph = module.graph
+        helpers = [n for n in graph.nodes if n.op == "call_function" and n.target in _SYM_HELPERS]
+        if not helpers:
+            continue
+        derived = set(helpers)
+        for node in graph.nodes:
+            if node not in derived and any(a in derived for a in node.all_input_nodes):
+                derived.add(node)
+        computed = [
+            n
+            for n in graph.nodes
+            if n in derived
+            and n.target is not aten._assert_scalar.default
+            and not (n.op == "call_function" and isinstance(n.meta.get("val"), _SCALARS))
+        ]
+        if computed:
+            names = ", ".join(sorted({f"torch.{h.target.__name__}" for h in helpers}))
+            raise CompileError(
+                f"{computed[0].name} computes with {names}: an Edge program cannot hold such a Python "
+                "function, and ExecuTorch's prim op for it cannot be traced on a data-dependent size "
+                "(a helper only assertions read is rewritten or dropped with them)",
+                nodes=[h.name for h in helpers] + [c.name for c in computed],
+                hint="compute the value with tensor ops (torch.maximum, torch.where) instead of the symbolic helper",
+            )
+        _asserted_helpers_out(graph, helpers)
+        module.recompile()
+        logger.debug("rid the program of symbolic helpers: %s", [h.name for h in helpers])
+
+
 def generate_edge_program(
     program: ExportedProgram, preserve_ops: list[torch._ops.OpOverload]
 ) -> tuple[ExportedProgram, list[str]]:
@@ -394,6 +478,7 @@ def generate_edge_program(
     The ATen program's graph may be rewritten in place: pass a program nothing else uses."""
     config = EdgeCompileConfig()
     program = remove_unused_parameters_pass(program)
+    _sym_helpers_out(program.graph_module)
     pre_replace, post_replace = aten_to_edge_passes(config)
     passes = [
         RemoveNonCoreAtenOpGraphAssertsPass(),

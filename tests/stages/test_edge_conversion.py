@@ -16,7 +16,7 @@ from compiler.examples import Transformer, transformer
 from compiler.stages.decompose import _unbacked_symbols_kept_in, decompose
 from compiler.stages.dry_run import _aten_origin
 from compiler.stages.edge_conversion import _finish_edge_ops, generate_edge_program
-from executorch.exir import EdgeCompileConfig
+from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.program._program import _generate_edge_program
 from stages.test_unbacked_symbols import FirstPositives  # tests/stages/: an unbacked symbol sizes the output
 
@@ -189,3 +189,53 @@ def test_aten_program_unchanged():
     program, preserved = decompose(planned.program, planned.keep_whole.nodes)
     generate_edge_program(program, preserved)
     assert [(n.name, _plain(n.meta.get("val"))) for n in planned.program.graph.nodes] == before
+
+
+class CheckedSizes(torch.nn.Module):
+    """Checks export keeps as runtime assertions, as VLMs' image-token merges check theirs: a
+    count that must not be zero (asserted through `torch.sym_not`) and a tensor condition
+    (through `torch.sym_ite`)."""
+
+    def forward(self, x, mask, counts):
+        picked = x[mask]
+        torch._check(picked.shape[0] != 0)
+        torch._check_tensor_all(counts % 2 == 0)
+        return picked.sum(0) * counts.sum()
+
+
+def checked_inputs():
+    return torch.randn(6, 4), torch.tensor([True, False, True, True, False, False]), torch.tensor([2, 4])
+
+
+def _helpers(program) -> set:
+    return {n.target for n in program.graph.nodes} & {torch.sym_not, torch.sym_ite}
+
+
+def test_stock_to_edge_refuses_the_symbolic_helpers_of_assertions():
+    program = torch.export.export(CheckedSizes(), checked_inputs())
+    assert _helpers(program) == {torch.sym_not, torch.sym_ite}
+    # (`_is_all_true` stays whole in stock's decomposition; let it through to reach the helpers)
+    config = EdgeCompileConfig(_core_aten_ops_exception_list=[torch.ops.aten._is_all_true.default])
+    with pytest.raises(AssertionError):  # the Edge verifier takes no Python function but `alloc`
+        to_edge(program, compile_config=config)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_assertions_on_symbolic_helpers_are_dropped_and_the_program_matches_eager(backend):
+    model, args = CheckedSizes().eval(), checked_inputs()
+    artifact = compiler.compile(model, args, backend)
+    assert not _helpers(artifact.stages["decompose"].program)
+    check = compiler.compare_with_eager(artifact, model, args)  # float16's tolerance on Core ML
+    assert check.passed, check.describe()
+
+
+class HelperSizesATensor(torch.nn.Module):
+    def forward(self, x, mask):
+        return torch.ones(torch.sym_max(x[mask].shape[0], 2))
+
+
+def test_a_symbolic_helper_feeding_computation_is_refused_by_name():
+    args = torch.randn(6), torch.tensor([True, False, True, True, False, False])
+    with pytest.raises(compiler.CompileError, match="torch.sym_max") as caught:
+        compiler.compile(HelperSizesATensor(), args, "portable")
+    assert caught.value.stage == "decompose" and caught.value.nodes
