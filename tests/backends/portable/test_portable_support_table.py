@@ -173,6 +173,24 @@ SWEPT: dict[str, tuple[Any, Callable[[int], Inputs]]] = {
         aten.max_pool2d_with_indices.default,
         lambda r: lambda d: ((_t(_image(r), d), [2, 2]), {}),
     ),
+    "aten.gather.default": (
+        aten.gather.default,
+        lambda r: lambda d: ((_t(_shape(r), d), -1, torch.zeros(_shape(r)[:-1] + (1,), dtype=torch.int64)), {}),
+    ),
+    "aten.max.dim": (aten.max.dim, lambda r: lambda d: ((_t(_shape(r), d), -1), {})),
+    "aten.argmin.default": (aten.argmin.default, lambda r: lambda d: ((_t(_shape(r), d), -1), {})),
+    "aten.topk.default": (aten.topk.default, lambda r: lambda d: ((_t(_shape(r), d), 1, -1), {})),
+    "aten.var.correction": (aten.var.correction, lambda r: lambda d: ((_t(_shape(r), d), [-1]), {"correction": 0})),
+    "aten.prod.dim_int": (aten.prod.dim_int, lambda r: lambda d: ((_t(_shape(r), d), -1), {})),
+    "aten.any.dims": (aten.any.dims, lambda r: lambda d: ((_t(_shape(r), torch.bool), [-1]), {})),
+    "aten._adaptive_avg_pool2d.default": (
+        aten._adaptive_avg_pool2d.default,
+        lambda r: lambda d: ((_t(_image(r), d), [2, 3]), {}),
+    ),
+    "aten.upsample_nearest2d.vec": (
+        aten.upsample_nearest2d.vec,
+        lambda r: lambda d: ((_t(_image(r), d), None, [2.0, 1.5]), {}),
+    ),
     "aten.native_layer_norm.default": (
         aten.native_layer_norm.default,
         lambda r: lambda d: ((_t(_shape(r), d), list(_shape(r)[-1:]), None, None, 1e-5), {}),
