@@ -412,6 +412,22 @@ _NEGATED = {
 }
 
 
+def _negation(comparison: torch.fx.Node) -> tuple[Callable, tuple]:
+    """The negation of `comparison`, as an `operator` function and its arguments. `n != b` where
+    b is a bound of n's range is `n > b` (or `n < b`): a retrace narrows n's range by that, by
+    `!=` it does not, and `to_executorch` could not order the strides of a tensor sized n
+    ("Could not guard on data-dependent expression 256*u3 < 256")."""
+    a, b = comparison.args
+    value = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    if comparison.target is operator.eq and isinstance(value, torch.SymInt) and isinstance(b, int):
+        bounds = value.node.shape_env.bound_sympy(value.node.expr)
+        if bounds.lower == b:
+            return operator.gt, (a, b)
+        if bounds.upper == b:
+            return operator.lt, (a, b)
+    return _NEGATED[comparison.target], (a, b)
+
+
 def _asserted_helpers_out(graph: torch.fx.Graph, helpers: list[torch.fx.Node]) -> None:
     """Rid `graph` of `helpers`, which only assertions read: `sym_not` of a comparison becomes
     the negated comparison (later retraces still learn from it: `torch._check(n != 0)` lets
@@ -419,9 +435,8 @@ def _asserted_helpers_out(graph: torch.fx.Graph, helpers: list[torch.fx.Node]) -
     helper are removed, as `to_executorch` removes every assertion before it emits."""
     negated = [h for h in helpers if h.target is torch.sym_not and getattr(h.args[0], "target", None) in _NEGATED]
     for helper in negated:
-        comparison = helper.args[0]
         with graph.inserting_before(helper):
-            negation = graph.call_function(_NEGATED[comparison.target], comparison.args)
+            negation = graph.call_function(*_negation(helper.args[0]))
         negation.meta.update(helper.meta)
         helper.replace_all_uses_with(negation)
     derived = {h for h in helpers if h not in negated}

@@ -193,14 +193,14 @@ def test_aten_program_unchanged():
 
 class CheckedSizes(torch.nn.Module):
     """Checks export keeps as runtime assertions, as VLMs' image-token merges check theirs: a
-    count that must not be zero (asserted through `torch.sym_not`) and a tensor condition
-    (through `torch.sym_ite`)."""
+    count that must not be zero (asserted through `torch.sym_not`), which lets `to_executorch`
+    order the strides of the transposed copy, and a tensor condition (through `torch.sym_ite`)."""
 
     def forward(self, x, mask, counts):
         picked = x[mask]
         torch._check(picked.shape[0] != 0)
         torch._check_tensor_all(counts % 2 == 0)
-        return picked.sum(0) * counts.sum()
+        return picked.t().contiguous().sum(1) * counts.sum()
 
 
 def checked_inputs():
