@@ -299,15 +299,33 @@ def test_slice_assign_into_bool_runs_on_the_cpu():
 
 
 class GatherBool(nn.Module):
+    def __init__(self, gather):
+        super().__init__()
+        self.gather = gather
+
     def forward(self, mask, x):
-        return mask.index_select(0, torch.tensor([0, 2])), x * 2
+        return self.gather(mask), x * 2
 
 
-def test_index_select_of_bool_runs_on_the_cpu():
-    model, inputs = GatherBool(), (torch.rand(4) > 0.5, torch.randn(3))
+@pytest.mark.parametrize(
+    "gather, op",
+    [
+        (lambda m: m.index_select(0, torch.tensor([0, 2])), "aten.index_select.default"),
+        (lambda m: torch.gather(m, 0, torch.tensor([3, 0, 0])), "aten.gather.default"),
+        (lambda m: torch.select_scatter(m.reshape(2, 2), m[:2], 0, 1), "aten.select_scatter.default"),
+    ],
+    ids=["index_select", "gather", "select_scatter"],
+)
+def test_gathers_and_scatters_of_bool_stay_off_core_ml(gather, op):
+    """On the CPU with the reason, or (select_scatter, refused so not kept whole) decomposed
+    into ops Core ML takes."""
+    model, inputs = GatherBool(gather), (torch.rand(4) > 0.5, torch.randn(3))
     assert "type domain" in stock_error(model, inputs)
     artifact = compile_coreml(model, inputs)
-    assert any("of bool data" in reason for reason in cpu_reasons(artifact).values())
+    assert op not in delegated_ops(artifact)
+    reasons = [cpu_reasons(artifact)[node] for node, cpu_op in cpu_ops(artifact).items() if cpu_op == op]
+    assert all("of bool data" in reason for reason in reasons)
+    assert compare_with_eager(artifact, model, inputs).passed
 
 
 class IndexBool(nn.Module):
