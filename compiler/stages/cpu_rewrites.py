@@ -88,6 +88,47 @@ def conv3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | No
     return build(edge.permute_copy.default, folded, [0, 2, 1, 3, 4])
 
 
+def conv_transpose3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+    """A transposed 3-D convolution as one transposed 2-D convolution per depth tap, each
+    placed at its output depths and summed: the portable kernel takes 3-D and 4-D inputs
+    only. Input depth i with tap k lands on output depth i * stride + k * dilation - padding:
+    a tap's result (all input depths folded into the batch) gets stride - 1 zero depths after
+    each depth and is shifted by k * dilation; the sum is cut to the output's depths, where
+    the output padding shows as the zeros past the last tap. The bias is added once, at the end."""
+    x, weight, bias, stride, padding, dilation, _transposed, output_padding, groups = node.args
+    in_shape, w_shape = _static_shape(x.meta.get("val")), _static_shape(weight.meta.get("val"))
+    out_shape = _static_shape(node.meta.get("val"))
+    if in_shape is None or w_shape is None or out_shape is None:
+        return None  # symbolic sizes: the views below need numbers
+    n, c, depth, h, w = in_shape
+    _, out_channels, out_depth, out_h, out_w = out_shape
+    taps, plane = w_shape[2], out_channels * out_h * out_w
+    spread = (depth - 1) * stride[0] + 1  # a tap's output depths, stride apart
+    full = max(out_depth + padding[0], spread + (taps - 1) * dilation[0])
+    batch = build(edge.view_copy.default, build(edge.permute_copy.default, x, [0, 2, 1, 3, 4]), [n * depth, c, h, w])
+    total = None
+    for k in range(taps):
+        tap_weight = build(edge.select_copy.int, weight, 2, k)
+        conv = build(
+            edge.convolution.default,
+            batch, tap_weight, None,
+            list(stride[1:]), list(padding[1:]), list(dilation[1:]), True, list(output_padding[1:]), groups,
+        )
+        placed = build(edge.view_copy.default, conv, [n, depth, 1, plane])
+        placed = build(edge.constant_pad_nd.default, placed, [0, 0, 0, stride[0] - 1], 0.0)
+        placed = build(edge.view_copy.default, placed, [n, depth * stride[0], plane])
+        placed = build(edge.slice_copy.Tensor, placed, 1, 0, spread, 1)
+        shift = k * dilation[0]
+        placed = build(edge.constant_pad_nd.default, placed, [0, 0, shift, full - shift - spread], 0.0)
+        total = placed if total is None else build(edge.add.Tensor, total, placed)
+    cut = build(edge.slice_copy.Tensor, total, 1, padding[0], padding[0] + out_depth, 1)
+    folded = build(edge.view_copy.default, cut, [n, out_depth, out_channels, out_h, out_w])
+    result = build(edge.permute_copy.default, folded, [0, 2, 1, 3, 4])
+    if bias is None:
+        return result
+    return build(edge.add.Tensor, result, build(edge.view_copy.default, bias, [1, out_channels, 1, 1, 1]))
+
+
 def zero_dim_as_one_element(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
     """The op on a 0-d input as the same op on that value viewed as one element, the
     result viewed back to the node's shape: the kernel refuses a dim argument on a 0-d
@@ -120,6 +161,7 @@ def negative_pad_as_slice(node: torch.fx.Node, build: _Builder) -> torch.fx.Node
 # when it cannot rewrite this call.
 REWRITES: dict[str, Callable[[torch.fx.Node, _Builder], torch.fx.Node | None]] = {
     "conv3d": conv3d_as_conv2d,
+    "conv_transpose3d": conv_transpose3d_as_conv2d,
     "cumsum_0d": zero_dim_as_one_element,
     "sum_0d": zero_dim_as_one_element,
     "pad_negative": negative_pad_as_slice,

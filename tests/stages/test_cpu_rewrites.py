@@ -1,4 +1,5 @@
-"""A 3-D convolution left on the CPU runs, as 2-D convolutions the portable kernel takes.
+"""A 3-D convolution (or a transposed one) left on the CPU runs, as 2-D convolutions the
+portable kernel takes.
 
 The portable `convolution.out` refuses a 5-D input ("Expect input tensor to be 3-D or
 4-D"); before the partition stage rewrote such calls, a model with an `nn.Conv3d` (a VLA
@@ -20,7 +21,8 @@ from compiler.stages.cpu_rewrites import rewrite_for_cpu_kernels
 def _conv3d(**options) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     channels = options.pop("channels", 2)
-    module = torch.nn.Conv3d(channels, 6, options.pop("kernel_size", 3), **options).eval()
+    kind = torch.nn.ConvTranspose3d if options.pop("transposed", False) else torch.nn.Conv3d
+    module = kind(channels, 6, options.pop("kernel_size", 3), **options).eval()
     return module, (torch.randn(2, channels, 7, 6, 5),)
 
 
@@ -32,6 +34,11 @@ CONVS = {
         "groups": 2,
     },
     "patch-embedding": {"kernel_size": (2, 3, 3), "stride": (2, 3, 3), "bias": False},  # a video ViT's: no overlap
+    "transposed": {"transposed": True, "stride": 2, "padding": 1},
+    "transposed-every-argument": {
+        "transposed": True, "channels": 4, "kernel_size": (3, 2, 3), "stride": (2, 1, 2), "padding": (1, 1, 0),
+        "output_padding": (1, 0, 1), "dilation": (2, 1, 1), "groups": 2,
+    },
 }
 
 

@@ -5,13 +5,14 @@ our compile runs the call right or refuses it before anything runs.
 torch takes them. LIMIT_CASES holds, per limit, the smallest one-op program over it. With
 the limit table switched off (the compiler before it had one) that program compiles and the
 runtime refuses it, or the process dies (run in a child process); with the table on, the
-program runs and equals eager (the call was rewritten), or the compile fails in the
-partition stage naming the node and the kernel's check.
+program runs and equals eager (every limit has a rewrite), and where a rewrite cannot
+apply (symbolic sizes) the compile fails in the partition stage naming the node and the
+kernel's check.
 
 Then the sweep: each op of SWEPT (common model ops, the limited ones among them) alone in a
 program over input ranks 0 to 5 where eager takes them, and with each non-tensor argument
 off its default (tests/backends/op_programs.py's OpSweep, as the XNNPACK and MLX sweeps do):
-it runs and equals eager, or a kernel limit refuses it at compile time. The default run
+it runs and equals eager. The default run
 takes the limit cases (but the one that crashes the runtime: a child process starts slowly)
 and the base cases of the limited ops; `-m slow` adds the rest, every rank and every
 argument variant.
@@ -32,14 +33,12 @@ from backends.op_programs import (  # tests/backends/op_programs.py, shared with
     eager,
     idx as _idx,
     tensor as _t,
-    variant_id,
     weight as _w,
 )
 
 import compiler
 from compiler.ir import kernel_limits
 from compiler.ir.errors import VerificationError
-from compiler.stages.cpu_rewrites import REWRITES
 
 aten = torch.ops.aten
 F32 = torch.float32
@@ -51,7 +50,7 @@ def _conv(rank: int, transposed: bool = False) -> Inputs:
     n = rank - 2
     weight = (3, 2) + (3,) * n if transposed else (2, 3) + (3,) * n  # transposed: (in, out, ...)
     return lambda d: (
-        (_t((1, 3) + (5,) * n, d), _w(weight, d), _w((2,), d), [2] * n, [1] * n, [1] * n, transposed, [0] * n, 1),
+        (_t((3, 3) + (5,) * n, d), _w(weight, d), _w((2,), d), [2] * n, [1] * n, [1] * n, transposed, [0] * n, 1),
         {},
     )
 
@@ -117,19 +116,26 @@ def test_without_the_limit_the_call_compiles_and_the_runtime_refuses_it(name, mo
 
 
 @pytest.mark.parametrize("name", list(LIMIT_CASES))
-def test_our_compile_runs_the_call_right_or_refuses_it_by_name(name):
+def test_our_compile_rewrites_the_call_and_it_runs_as_in_eager(name):
     op, inputs, _ = LIMIT_CASES[name]
     module = _program(op, inputs)
-    if name in REWRITES:
-        artifact = compiler.compile(module, module.example, backend="portable")
-        compare(compiler.run(artifact, module.example), eager(module))
-        return
+    artifact = compiler.compile(module, module.example, backend="portable")
+    compare(compiler.run(artifact, module.example), eager(module))
+
+
+# A rewrite needs sizes it can compute with: over symbolic sizes the call stays as it is
+# and the compile is refused (a 0-d input has no size to make symbolic).
+@pytest.mark.parametrize("name", [name for name, case in LIMIT_CASES.items() if case[1](F32)[0][0].dim()])
+def test_with_symbolic_sizes_the_call_is_refused_at_compile_time_by_name(name):
+    op, inputs, _ = LIMIT_CASES[name]
+    module = _program(op, inputs)
+    dynamic = (({0: torch.export.Dim("batch", min=3, max=8)},),)  # forward(*tensors): one tuple
     with pytest.raises(VerificationError) as caught:
-        compiler.compile(module, module.example, backend="portable")
-    error = caught.value
+        compiler.compile(module, module.example, backend="portable", dynamic_shapes=dynamic)
+    error, limit = caught.value, LIMITS[name]
     assert (error.stage, error.invariant) == ("partition", "cpu_ops_have_kernels")
-    assert len(error.nodes) == 1 and error.nodes[0].startswith("aten_convolution_default (")
-    assert LIMITS[name].source in error.nodes[0] and LIMITS[name].reason in error.nodes[0]
+    assert len(error.nodes) == 1 and error.nodes[0].startswith(limit.op.replace(".", "_").lower() + " (")
+    assert limit.source in error.nodes[0] and limit.reason in error.nodes[0]
     assert "kernel_limits.py" in error.hint
 
 
@@ -198,8 +204,6 @@ SWEPT: dict[str, tuple[Any, Callable[[int], Inputs]]] = {
 }
 BASE_RANK = {"aten.convolution.default": 4, "aten.convolution.default-transposed": 4}  # others: 3
 RANKS = (0, 1, 2, 3, 4, 5)
-# The kernel-limit refusals the sweep meets: (label, rank) -> the limit.
-REFUSED = {("aten.convolution.default-transposed", 5): "conv_transpose3d"}
 
 
 def _ranked(label: str, rank: int) -> OneOp | None:
@@ -210,13 +214,8 @@ def _ranked(label: str, rank: int) -> OneOp | None:
     return module if eager(module) is not None else None
 
 
-def _check(module: OneOp, refused: str | None) -> None:
-    """The program runs on the portable runtime and equals eager, or `refused` names the
-    kernel limit that refuses it at compile time."""
-    if refused:
-        with pytest.raises(VerificationError, match=LIMITS[refused].source):
-            compiler.compile(module, module.example, backend="portable")
-        return
+def _check(module: OneOp) -> None:
+    """The program runs on the portable runtime and equals eager."""
     artifact = compiler.compile(module, module.example, backend="portable")
     compare(compiler.run(artifact, module.example), eager(module))
 
@@ -256,7 +255,7 @@ def _rank_cases(sample: bool) -> list:
 def test_each_limited_op_alone_at_its_base_rank(label, rank):
     module = _ranked(label, rank)
     assert module is not None, "eager takes the base case"
-    _check(module, REFUSED.get((label, rank)))
+    _check(module)
 
 
 @pytest.mark.slow
@@ -265,7 +264,7 @@ def test_each_op_alone_at_every_rank_eager_takes(label, rank):
     module = _ranked(label, rank)
     if module is None:
         pytest.skip("eager refuses this rank")
-    _check(module, REFUSED.get((label, rank)))
+    _check(module)
 
 
 def _argument_cases() -> list:
@@ -284,4 +283,4 @@ def test_each_argument_off_its_default(label, name):
     if changes is None:
         pytest.skip(note)
     module = SWEEP.variant_program(label, F32, changes)
-    _check(module, REFUSED.get((label, variant_id(label, changes))))
+    _check(module)
