@@ -435,17 +435,25 @@ def _asserted_helpers_out(graph: torch.fx.Graph, helpers: list[torch.fx.Node]) -
     helper are removed, as `to_executorch` removes every assertion before it emits."""
     negated = [h for h in helpers if h.target is torch.sym_not and getattr(h.args[0], "target", None) in _NEGATED]
     for helper in negated:
+        function, args = _negation(helper.args[0])
         with graph.inserting_before(helper):
-            negation = graph.call_function(*_negation(helper.args[0]))
+            negation = graph.call_function(function, args)
         negation.meta.update(helper.meta)
+        negation.meta["val"] = function(*torch.fx.node.map_arg(args, lambda n: n.meta["val"]))
         helper.replace_all_uses_with(negation)
-    derived = {h for h in helpers if h not in negated}
+    for node in _derived(graph, [h for h in helpers if h not in negated]):
+        if node.target is aten._assert_scalar.default:
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+
+
+def _derived(graph: torch.fx.Graph, sources: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """`sources` and every node computed from them, in graph order."""
+    derived = set(sources)
     for node in graph.nodes:
         if node not in derived and any(a in derived for a in node.all_input_nodes):
             derived.add(node)
-    for node in [n for n in derived if n.target is aten._assert_scalar.default]:
-        graph.erase_node(node)
-    graph.eliminate_dead_code()
+    return [n for n in graph.nodes if n in derived]
 
 
 def _sym_helpers_out(gm: torch.fx.GraphModule) -> None:
@@ -460,15 +468,10 @@ def _sym_helpers_out(gm: torch.fx.GraphModule) -> None:
         helpers = [n for n in graph.nodes if n.op == "call_function" and n.target in _SYM_HELPERS]
         if not helpers:
             continue
-        derived = set(helpers)
-        for node in graph.nodes:
-            if node not in derived and any(a in derived for a in node.all_input_nodes):
-                derived.add(node)
         computed = [
             n
-            for n in graph.nodes
-            if n in derived
-            and n.target is not aten._assert_scalar.default
+            for n in _derived(graph, helpers)
+            if n.target is not aten._assert_scalar.default
             and not (n.op == "call_function" and isinstance(n.meta.get("val"), _SCALARS))
         ]
         if computed:
