@@ -8,6 +8,11 @@ copy capture made (`to_backend` refuses a delegate output that is both). Where n
 delegate owns the buffer, that copy runs on the CPU: XNNPACK drops a copy it takes
 and then refuses the pass-through. A delegate that owns the buffer keeps the copy,
 since the buffer's value never leaves it.
+
+After the search, a tag group that a path leaves and re-enters is split into groups
+`to_backend` can fuse (`compiler/ir/convexity.py`), and CPU calls that a portable kernel
+refuses (a 3-D convolution) are rewritten into calls it takes
+(`compiler/stages/cpu_rewrites.py`); the placement plan says both where they happened.
 """
 
 from __future__ import annotations
@@ -77,13 +82,14 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
             hint="the backend's partition() must return a DelegationSpec for every tag it uses",
         )
     partitions, reentered = split_reentered_groups(program.graph, result.partitions)
+
+    def backend_reason(node) -> str:
+        return result.cpu_reasons.get(node.name) or backend.default_cpu_reason(node)
+
     reasons = {n.name: RETURNED_BUFFER_COPY for n in pinned}
-    why = lambda n: result.cpu_reasons.get(n.name) or backend.default_cpu_reason(n)  # noqa: E731
-    reasons |= rewrite_for_cpu_kernels(program, why)  # CPU calls a portable kernel refuses, rewritten
+    reasons |= rewrite_for_cpu_kernels(program, backend_reason)  # CPU calls a portable kernel refuses, rewritten
     reasons |= {
-        n.name: reasons.get(n.name) or result.cpu_reasons.get(n.name) or backend.default_cpu_reason(n)
-        for n in op_nodes(program)
-        if not n.meta.get(DELEGATION_TAG)
+        n.name: reasons.get(n.name) or backend_reason(n) for n in op_nodes(program) if not n.meta.get(DELEGATION_TAG)
     }
     plan = PlacementPlan.from_tagged_program(program, partitions, split_reasons(reentered, reasons))
     refused = frozenset(str(d).removeprefix("torch.") for d in backend.refused_input_dtypes)
