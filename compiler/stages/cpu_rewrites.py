@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from executorch.exir.dialects._ops import ops as exir_ops
@@ -54,6 +54,32 @@ def _static_shape(value: Any) -> list[int] | None:
     return shape if shape is not None and all(isinstance(size, int) for size in shape) else None
 
 
+class _ConvSizes(NamedTuple):
+    """A 3-D convolution's sizes: input (n, c, depth, h, w), output channels and
+    (out_depth, out_h, out_w), and the weight's depth taps."""
+
+    n: int
+    c: int
+    depth: int
+    h: int
+    w: int
+    out_channels: int
+    out_depth: int
+    out_h: int
+    out_w: int
+    taps: int
+
+
+def _conv_sizes(node: torch.fx.Node) -> _ConvSizes | None:
+    """The sizes of a 3-D convolution node, or None if any is symbolic (the rewrites'
+    views need numbers)."""
+    shapes = [_static_shape(n.meta.get("val")) for n in (node.args[0], node.args[1], node)]
+    if None in shapes:
+        return None
+    (n, c, depth, h, w), weight, (_, out_channels, out_depth, out_h, out_w) = shapes
+    return _ConvSizes(n, c, depth, h, w, out_channels, out_depth, out_h, out_w, weight[2])
+
+
 def conv3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
     """A 3-D convolution as one 2-D convolution per depth tap, summed: the portable kernel
     takes 3-D and 4-D inputs only. Tap k reads the depth-padded input at depths
@@ -61,13 +87,10 @@ def conv3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | No
     batch), with the weight's k-th depth slice; height and width keep their stride, padding
     and dilation, and groups hold per tap. The bias is added once, by the first tap."""
     x, weight, bias, stride, padding, dilation, _transposed, _output_padding, groups = node.args
-    in_shape, w_shape = _static_shape(x.meta.get("val")), _static_shape(weight.meta.get("val"))
-    out_shape = _static_shape(node.meta.get("val"))
-    if in_shape is None or w_shape is None or out_shape is None:
-        return None  # symbolic sizes: the views below need numbers
-    n, c, depth, h, w = in_shape
-    _, out_channels, out_depth, out_h, out_w = out_shape
-    taps = w_shape[2]
+    sizes = _conv_sizes(node)
+    if sizes is None:
+        return None
+    n, c, depth, h, w, out_channels, out_depth, out_h, out_w, taps = sizes
     if padding[0]:
         x = build(edge.constant_pad_nd.default, x, [0, 0, 0, 0, padding[0], padding[0]], 0.0)
     depth_major = build(edge.permute_copy.default, x, [0, 2, 1, 3, 4])
@@ -96,13 +119,11 @@ def conv_transpose3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx
     each depth and is shifted by k * dilation; the sum is cut to the output's depths, where
     the output padding shows as the zeros past the last tap. The bias is added once, at the end."""
     x, weight, bias, stride, padding, dilation, _transposed, output_padding, groups = node.args
-    in_shape, w_shape = _static_shape(x.meta.get("val")), _static_shape(weight.meta.get("val"))
-    out_shape = _static_shape(node.meta.get("val"))
-    if in_shape is None or w_shape is None or out_shape is None:
-        return None  # symbolic sizes: the views below need numbers
-    n, c, depth, h, w = in_shape
-    _, out_channels, out_depth, out_h, out_w = out_shape
-    taps, plane = w_shape[2], out_channels * out_h * out_w
+    sizes = _conv_sizes(node)
+    if sizes is None:
+        return None
+    n, c, depth, h, w, out_channels, out_depth, out_h, out_w, taps = sizes
+    plane = out_channels * out_h * out_w
     spread = (depth - 1) * stride[0] + 1  # a tap's output depths, stride apart
     full = max(out_depth + padding[0], spread + (taps - 1) * dilation[0])
     batch = build(edge.view_copy.default, build(edge.permute_copy.default, x, [0, 2, 1, 3, 4]), [n * depth, c, h, w])
