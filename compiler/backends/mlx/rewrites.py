@@ -3,7 +3,8 @@
 Each rewrite keeps what the program computes and turns a node that ExecuTorch's
 MLX handler would mislower into nodes that handler lowers right, so the op stays
 on MLX instead of being refused. What a rewrite cannot fix, a rule in
-`support.py` refuses.
+`support.py` refuses. One (`assertions_dropped`) removes what no ExecuTorch
+program runs, so that it keeps no op off MLX.
 """
 
 from __future__ import annotations
@@ -321,8 +322,28 @@ def clamp_input_cast_to_result(program: ExportedProgram) -> int:
     return _finished(program, changed, "clamps given their input in the result's dtype")
 
 
+def assertions_dropped(program: ExportedProgram) -> int:
+    """No ExecuTorch program runs export's size assertions: stock 1.5.1's MLX handler for
+    aten._assert_scalar emits nothing, and to_executorch removes every one left on the CPU.
+    What only they read is computed for nothing, yet it can keep an op our rules refuse in
+    the program: Gemma 3's `x[mask].numel() == n` check left a run-time bool index on the CPU
+    (`support.boolean_index`) whose result crossed into the payload unread, where stock's
+    builder drops it as dead. The assertions, and what then nothing reads, go before the
+    support check. Returns how many assertions went."""
+    graph = program.graph_module.graph
+    assertions = [
+        n for n in graph.nodes if n.op == "call_function" and op_name(n.target) == "aten._assert_scalar.default"
+    ]
+    for node in assertions:
+        graph.erase_node(node)
+    if assertions:
+        graph.eliminate_dead_code()
+    return _finished(program, len(assertions), "assertions dropped, with what only they read")
+
+
 # Every rewrite, in the order the backend runs them before its support check.
 REWRITES: tuple[Callable[[ExportedProgram], int], ...] = (
+    assertions_dropped,
     copy_source_like_destination,
     ignored_arguments_made_explicit,
     kept_dims_made_explicit,

@@ -470,3 +470,30 @@ def test_a_fill_that_is_only_dead_code_to_stock_runs_on_the_cpu_when_its_user_do
     (got,) = compiler.run(artifact, inputs)
     torch.testing.assert_close(got, inputs[1] * 2)
     assert artifact.stages["dry_run"].keep_whole.dropped
+
+
+class SizeCheckedMask(torch.nn.Module):
+    """Gemma 3's image-token check: a run-time bool mask's selection read only for its size,
+    which only export's assertions read."""
+
+    def forward(self, ids, x):
+        mask = (ids == 7).unsqueeze(-1).expand_as(x)
+        torch._check(x[mask].numel() == 8)
+        return x * 2.0
+
+
+def test_a_bool_index_only_assertions_read_places_at_least_as_stock_does():
+    """Stock's builder drops the index (its readers end in assertions, which MLX does not run);
+    ours kept it on the CPU by the boolean-index rule, one CPU call and a second delegate more."""
+    from compiler.stages.emit import pte_calls
+    from executorch.backends.mlx.partitioner import MLXPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    model, inputs = SizeCheckedMask(), (torch.tensor([[1, 7, 3, 7, 2]]), torch.randn(1, 5, 4))
+    exported = torch.export.export(model, inputs)
+    stock = to_edge_transform_and_lower(exported, partitioner=[MLXPartitioner()]).to_executorch().buffer
+    assert compare_with_eager(stock, model, inputs).passed
+    artifact = _check(model, inputs)
+    ours, theirs = pte_calls(artifact.pte), pte_calls(stock)
+    assert (ours.delegates, ours.cpu_calls) == (theirs.delegates, theirs.cpu_calls) == (1, 0)
+    assert not _placement(artifact, "aten.index.Tensor")
