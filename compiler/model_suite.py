@@ -240,6 +240,37 @@ def gemma3_vlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 
     return VisionLanguage(model), (input_ids, token_type_ids, torch.randn(1, 3, image, image))
 
 
+class ImageTextToText(nn.Module):
+    """A vision-language model's prefill without token types: token ids with image placeholders, pixels -> logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, pixel_values):
+        return self.model(input_ids=input_ids, pixel_values=pixel_values, use_cache=False).logits
+
+
+@_needs_transformers
+def smolvlm(image: int = 32, patch: int = 8, hidden: int = 64, layers: int = 2, text: int = 6, attention: str = "sdpa"):
+    """SmolVLM image-text-to-text model (Idefics3 vision tower, pixel-shuffle connector, Llama decoder,
+    image-token merge whose size checks export asserts through torch.sym_not / sym_ite)."""
+    from transformers import LlamaConfig, SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMVisionConfig
+
+    vision = _vision_config(SmolVLMVisionConfig, image, patch, hidden, layers, attention)
+    text_config = LlamaConfig(
+        vocab_size=128, **_layer_sizes(hidden, layers), num_key_value_heads=2, max_position_embeddings=64
+    )
+    scale = 2
+    config = SmolVLMConfig(
+        vision_config=vision.to_dict(), text_config=text_config.to_dict(), image_token_id=100, scale_factor=scale
+    )
+    model = SmolVLMForConditionalGeneration(_attention(config, attention))
+    image_tokens = (image // patch) ** 2 // scale**2
+    input_ids = torch.tensor([[1] + [100] * image_tokens + list(range(10, 10 + text))])
+    return ImageTextToText(model), (input_ids, torch.randn(1, 1, 3, image, image))
+
+
 class SpeechToText(nn.Module):
     """An encoder-decoder speech model's forward: log-mel features and decoder token ids -> logits."""
 
@@ -381,6 +412,7 @@ SUITE: dict[str, Callable] = {
     "smolvlm_vision_uint8": smolvlm_vision_uint8,
     "gpt2": gpt2,
     "gemma3_vlm": gemma3_vlm,
+    "smolvlm": smolvlm,
     "whisper": whisper,
     "qwen3": qwen3,
     "phi3": phi3,

@@ -110,6 +110,16 @@ def test_gemma_gelu_converts_in_tanh_mode():
     assert modes and set(modes) == {"TANH_APPROXIMATION"}
 
 
+def test_image_text_to_text_matches_eager_on_core_ml():
+    """SmolVLM's vision tower runs over the images that are not all padding, u of them, picked by a
+    bool mask at run time: ops reading a size of 16*u from the CPU run there too, and the attention
+    mask's where over u images keeps the mask's shape (payloads run in the MIL reference interpreter)."""
+    module, inputs = model_suite.smolvlm()
+    artifact = compiler.compile(module, inputs, "coreml")
+    assert compiler.compare_with_eager(artifact, module, inputs).passed
+    assert any("sized 16*u" in p.reason for p in artifact.program.plan.cpu_nodes)
+
+
 @pytest.mark.parametrize("name", ["llama_static_cache", "siglip", "gemma3_vlm", "whisper"])
 def test_eager_attention_matches_eager_too(name):
     """transformers' other attention path: plain matmuls and softmax instead of SDPA."""

@@ -20,6 +20,9 @@ replaces the whole registry at once, so no thread sees it half patched.
   input(s), expected minimum 3");
 - `where` of three 0-d tensors converts to Core ML's select as it is (stock: "Concat
   concat_0 got 0 values" from the broadcast coremltools builds first);
+- `where` whose condition has a larger shape than both values, a symbolic one, converts with
+  the values broadcast against it (stock: Core ML's select is declared with the values'
+  shape, 0-d for two 0-d values, and computes the condition's);
 - `reciprocal` (which `1 / x` becomes), `rsqrt` and `log` (`log2`, `log10`) convert
   without the epsilon Core ML's inverse, rsqrt and log add by default (stock: `1 / x`
   is 1/(x + 1e-4), 909 for 1000 at x = 1e-3; log(0) is -103);
@@ -207,6 +210,50 @@ def _where_of_scalars(original: Converter) -> Converter:
     return convert
 
 
+# --- where over a condition of a larger symbolic shape ----------------------------
+
+
+def _covers(shape: tuple, cond_shape: tuple) -> bool:
+    """Whether a result of `shape` has the shape its condition broadcasts to (dims compared
+    as coremltools writes them: numbers or symbols)."""
+    if len(shape) < len(cond_shape):
+        return False
+    return all(c == 1 or r == c for r, c in zip(reversed(shape), reversed(cond_shape)))
+
+
+def _broadcast_against(x, cond):
+    """`x` broadcast against the bool `cond` by one elementwise op, whose declared shape is the
+    broadcast: x - 0 (-0.0 stays -0.0, as in torch's where), or x and True for bool."""
+    if types.is_bool(x.dtype):
+        return mb.logical_and(x=x, y=mb.logical_or(x=cond, y=True))
+    zeros = mb.mul(x=mb.cast(x=cond, dtype=types.builtin_to_string(x.dtype)), y=_zero_like(x))
+    return mb.sub(x=x, y=zeros)
+
+
+def _where_shaped_by_its_condition(original: Converter) -> Converter:
+    """Core ML's select declares its result's shape from `a` and `b` only (coremltools'
+    `select.type_inference`; its spec: the broadcast of cond, a and b), and coremltools'
+    `where` broadcasts the three first only when no shape is symbolic: `where(mask, 0-d, 0-d)`
+    over a mask of u rows is declared 0-d, though it computes the mask's shape (what the
+    program's next ops and outputs are sized by). `a` and `b` are broadcast against the
+    condition first, so the declared shape is the computed one."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        original(context, node)
+        result = _context_var(context, node.name)
+        op = result.op if result is not None else None
+        if op is None or op.op_type != "select" or not fixes.on("select_shape"):
+            return
+        if _covers(result.shape, op.cond.shape):
+            return
+        result.name = f"{node.name}_shaped_by_a_and_b"
+        a, b = (_broadcast_against(x, op.cond) for x in (op.a, op.b))
+        context.add(mb.select(cond=op.cond, a=a, b=b, name=node.name), torch_name=node.name, override=True)
+
+    return convert
+
+
 # --- unary ops without Core ML's default epsilon ----------------------------------
 
 
@@ -339,7 +386,7 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
         if name in registry:
             fixes[name] = lambda f: _never_alias(_max_pool_default_stride(f))
     for name in ("where", "where.self"):
-        fixes[name] = lambda f: _never_alias(_where_of_scalars(f))
+        fixes[name] = lambda f: _never_alias(_where_of_scalars(_where_shaped_by_its_condition(f)))
     fixes["softplus"] = lambda f: _never_alias(_softplus_threshold(f))
     for name in ("log_softmax", "_log_softmax"):
         if name in registry:

@@ -38,6 +38,10 @@ FIXES: dict[str, str] = {
         "reciprocal, rsqrt and log convert without the epsilon Core ML adds by default "
         "(stock: 1 / x is 1/(x + 1e-4), 909 for 1000 at x = 1e-3)"
     ),
+    "select_shape": (
+        "where over a condition of a larger symbolic shape than its values is declared with the "
+        "condition's shape (stock: the values' shape, 0-d for 0-d values)"
+    ),
     "softplus_threshold": "softplus gives x where beta * x > threshold, as torch (stock drops the threshold)",
     "log_softmax": "log_softmax converts as x - max - log(sum(exp(x - max))) (stock: log(softmax(x)), -inf where softmax underflows)",
     "never_alias": "an op coremltools converts to its own input gets a real identity, so no output is an input",

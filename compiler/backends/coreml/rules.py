@@ -483,6 +483,30 @@ def reads_float16_before_ios16(node: torch.fx.Node, inside: Collection[torch.fx.
     return None
 
 
+def _size_expressions(node: torch.fx.Node) -> list[str]:
+    """The sizes of `node`'s tensors that are expressions of symbols (`16*u0`), not one symbol or a number."""
+    return [
+        str(size)
+        for value in tensor_values(node)
+        for size in value.shape
+        if isinstance(size, torch.SymInt) and not (size.node.expr.is_Symbol or size.node.expr.is_number)
+    ]
+
+
+def reads_size_expression(node: torch.fx.Node, inside: Collection[torch.fx.Node]) -> Optional[str]:
+    """coremltools names each input size by one symbol of the program's range constraints
+    (`exir_utils._construct_ct_tensor_type_from_torch`) and refuses an expression of them."""
+    for source in node.all_input_nodes:
+        sizes = [] if source in inside else _size_expressions(source)
+        if sizes:
+            return (
+                f"Core ML names each input size by one symbol, and this op reads {source.name} sized "
+                f"{sizes[0]} from outside its Core ML partition (stock: 'Core ML does not support size "
+                "variables that are expressions of symbolic variables')"
+            )
+    return None
+
+
 def gives_refused_dtype(node: torch.fx.Node, inside: Collection[torch.fx.Node]) -> Optional[str]:
     """A uint8/int8/bfloat16 result used outside Core ML cannot be a Core ML output."""
     refused = sorted(str(d).removeprefix("torch.") for d in tensor_dtypes(node) & REFUSED_DTYPES)

@@ -1,7 +1,7 @@
 """The Core ML partition search: ExecuTorch's capability search under our rules.
 
 Node rules are asked once per node. The capability search then proposes
-partitions; partition rules (a refused dtype read from outside, a refused dtype
+partitions; partition rules (a refused dtype or a size expression read from outside, a refused dtype
 leaving Core ML, a partition with no inputs below iOS 18) may refuse more nodes,
 and the search runs again until no partition breaks one. Refusing a node that
 reads a uint8 tensor also refuses, in the same round, the ops that read its
@@ -112,6 +112,7 @@ def search(
                     continue
                 reason = (
                     rules.reads_refused_dtype(node, inside)
+                    or rules.reads_size_expression(node, inside)
                     or rules.reads_float16_before_ios16(node, inside, ctx)
                     or rules.gives_refused_dtype(node, inside)
                 )

@@ -422,3 +422,30 @@ def test_an_epsilon_left_in_a_payload_is_refused_by_verify_each():
         compile_coreml(model, inputs, **FP32)
     assert "core_ml_payloads_add_no_epsilon" in str(caught.value)
     assert "aten_reciprocal_default (inverse, epsilon 0.0001)" in str(caught.value)
+
+
+# --- where over a condition of a larger symbolic shape --------------------------------
+
+
+class MaskOverPickedRows(nn.Module):
+    """where of two numbers over a mask of u rows, u picked by a bool index (an attention mask's way)."""
+
+    def forward(self, x, keep):
+        rows = x[keep]
+        later = rows[:, None, :, None] > rows[:, None, None, :]
+        return torch.where(later, 0.0, float("-inf")) + rows[:, None, None, :]
+
+
+_PICKED_ROWS = (torch.randn(6, 16), torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.bool))
+
+
+def test_select_shape():
+    """Off, Core ML's select is declared 0-d, the shape of its two 0-d values, and computes the
+    mask's (4, 1, 16, 16): the interpreter refuses it, as it refuses stock's payload."""
+    model, inputs = MaskOverPickedRows(), _PICKED_ROWS
+    on, off = _on_and_off("select_shape", model, inputs)
+    for wrong in (off.pte, stock_pte(model, inputs)):
+        with pytest.raises(MilInterpreterError, match=r"\(select\) has shape \(4, 1, 16, 16\), the program declares \(\)"):
+            compare_with_eager(wrong, model, inputs)
+    assert "aten.where.self" not in cpu_ops(on).values()
+    assert compare_with_eager(on, model, inputs).passed

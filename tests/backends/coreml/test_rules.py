@@ -1,4 +1,4 @@
-"""Node rules: bool min/max, integer bitwise_and, log1p, 0-d fills, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16."""
+"""Core ML rules: bool min/max, integer bitwise_and, log1p, 0-d fills, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16, size expressions read from outside Core ML."""
 
 import contextlib
 
@@ -575,3 +575,34 @@ def test_without_the_rule_pixel_unshuffle_below_ios16_stops_lowering():
 def test_stock_fails_on_pixel_unshuffle_below_ios16():
     model, inputs = PixelUnshuffle(), (torch.randn(1, 2, 4, 4),)
     assert "No available version for pixel_unshuffle in the coremltools.target.iOS15 opset" in stock_error(model, inputs)
+
+
+class FlatPickedRows(nn.Module):
+    """A bool index picks u rows; a view sizes them 16*u (on the CPU: it reads u), read by ops Core ML takes."""
+
+    def forward(self, x, keep):
+        rows = x[keep]
+        return rows.view(rows.shape[0] * 16).exp() * 2
+
+
+_PICKED_ROWS = (torch.randn(6, 16), torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.bool))
+
+
+def test_an_op_reading_a_size_expression_from_outside_core_ml_runs_on_the_cpu():
+    model, inputs = FlatPickedRows(), _PICKED_ROWS
+    artifact = compile_coreml(model, inputs)
+    ops, reasons = cpu_ops(artifact), cpu_reasons(artifact)
+    for op in ("aten.exp.default", "aten.mul.Tensor"):
+        (node,) = [n for n, o in ops.items() if o == op]
+        assert "sized 16*u" in reasons[node] and "from outside its Core ML partition" in reasons[node]
+    assert "aten.index.Tensor" in delegated_ops(artifact)
+    assert compare_with_eager(artifact, model, inputs).passed
+
+
+def test_without_the_rule_coremltools_refuses_a_size_expression_input(monkeypatch):
+    from compiler.backends.coreml import rules
+    from compiler.ir.errors import StageFailure
+
+    monkeypatch.setattr(rules, "reads_size_expression", lambda node, inside: None)
+    with pytest.raises(StageFailure, match=r"expressions of symbolic variables, but got 16\*u"):
+        compile_coreml(FlatPickedRows(), _PICKED_ROWS)
