@@ -191,13 +191,16 @@ class CoreMLBackend(Backend):
 
     def dry_run_needed(self, program: ExportedProgram, kept: list[torch.fx.Node]) -> str | None:
         """The partition rules that can move a kept node to the CPU need a refused dtype (float16
-        before iOS 16), a skip list, a rank above Core ML's limit, or (before iOS 18) a kept node
-        that reads no model input, whose partition may have no input; without them, every node
-        the keep-whole filter accepts is taken."""
+        before iOS 16), a size that is an expression of symbols, a skip list, a rank above Core
+        ML's limit, or (before iOS 18) a kept node that reads no model input, whose partition may
+        have no input; without them, every node the keep-whole filter accepts is taken."""
         if self.skip_ops_for_coreml_delegation:
             return "you gave skip_ops_for_coreml_delegation"
         refused = rules.REFUSED_DTYPES | (set() if self.rule_context.ios16 else {torch.float16})
         for node in program.graph.nodes:
+            sizes = rules.size_expressions(node)
+            if sizes:
+                return f"{node.name} is sized {sizes[0]}, which Core ML takes from outside a partition only as one symbol"
             for value in rules.tensor_values(node):
                 if value.dtype in refused:
                     return f"{node.name} is {value.dtype}, which Core ML refuses (before iOS 16 for float16)"

@@ -483,7 +483,7 @@ def reads_float16_before_ios16(node: torch.fx.Node, inside: Collection[torch.fx.
     return None
 
 
-def _size_expressions(node: torch.fx.Node) -> list[str]:
+def size_expressions(node: torch.fx.Node) -> list[str]:
     """The sizes of `node`'s tensors that are expressions of symbols (`16*u0`), not one symbol or a number."""
     return [
         str(size)
@@ -497,7 +497,7 @@ def reads_size_expression(node: torch.fx.Node, inside: Collection[torch.fx.Node]
     """coremltools names each input size by one symbol of the program's range constraints
     (`exir_utils._construct_ct_tensor_type_from_torch`) and refuses an expression of them."""
     for source in node.all_input_nodes:
-        sizes = [] if source in inside else _size_expressions(source)
+        sizes = [] if source in inside else size_expressions(source)
         if sizes:
             return (
                 f"Core ML names each input size by one symbol, and this op reads {source.name} sized "

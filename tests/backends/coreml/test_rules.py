@@ -606,3 +606,24 @@ def test_without_the_rule_coremltools_refuses_a_size_expression_input(monkeypatc
     monkeypatch.setattr(rules, "reads_size_expression", lambda node, inside: None)
     with pytest.raises(StageFailure, match=r"expressions of symbolic variables, but got 16\*u"):
         compile_coreml(FlatPickedRows(), _PICKED_ROWS)
+
+
+class AttentionOverDoubledRows(nn.Module):
+    """SDPA (kept whole for Core ML, no CPU kernel) reading 2*n rows from an op on the CPU (log1p)."""
+
+    def forward(self, x):
+        rows = torch.log1p(torch.cat([x, x]).abs())
+        q = rows.view(1, 1, rows.shape[0], 8)
+        return F.scaled_dot_product_attention(q, q, q)
+
+
+def test_a_kept_op_reading_a_size_expression_from_the_cpu_is_decomposed_there():
+    """The size rule refuses it after the search, so the dry run must see it (else it stays whole on the CPU, without a kernel)."""
+    import compiler
+
+    model, inputs = AttentionOverDoubledRows(), (torch.rand(3, 8),)
+    artifact = compiler.compile(model, inputs, "coreml", dynamic_shapes=({0: torch.export.Dim("n", min=2, max=64)},))
+    assert "is sized 2*s" in artifact.report.stage("dry_run").metrics["because"]
+    assert "aten.scaled_dot_product_attention.default" not in cpu_ops(artifact).values()
+    assert "aten.bmm.default" in cpu_ops(artifact).values()
+    assert compare_with_eager(artifact, model, (torch.rand(5, 8),)).passed
