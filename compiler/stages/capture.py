@@ -22,8 +22,9 @@ functionalized (`run_decompositions`, so also stock ExecuTorch: "User output x i
 not in the correct order"); a mutated buffer that is also returned
 (`self.s.add_(x); return self.s`) breaks `to_backend` ("buffer mutation node was
 found to also be used as other types of outputs"; also when what is returned is
-the value copied into the buffer). The copy's source, or the returned value, is
-cloned.
+the value copied into the buffer, or the buffer through an op that may return its
+input itself, such as `to` its own dtype, which functionalization removes). The copy's
+source, or the returned value, is cloned.
 
 Indexing by a 0-d integer tensor (`x[:, idx]`, `idx` computed) is exported as
 `select(x, dim, idx.item())`: a size-free index read at run time, which ExecuTorch's
@@ -201,6 +202,23 @@ def _rename_output(ep: ExportedProgram, old: str, new: str) -> None:
             spec.arg.name = new
 
 
+def _may_return_its_input(node: torch.fx.Node) -> bool:
+    """An op whose result may be its first argument itself (`to` its own dtype, `contiguous`
+    of a contiguous tensor, `view_as` of itself): functionalized, it leaves that node."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    returns = node.target._schema.returns
+    alias = returns[0].alias_info if len(returns) == 1 else None
+    return alias is not None and not alias.is_write and bool(node.args) and isinstance(node.args[0], torch.fx.Node)
+
+
+def _returned_as_is(value: torch.fx.Node) -> torch.fx.Node:
+    """The node `value` may be, through ops that may return their input itself."""
+    while _may_return_its_input(value):
+        value = value.args[0]
+    return value
+
+
 def distinct_mutated_values(ep: ExportedProgram) -> int:
     """Clone each copy source or returned value a mutated buffer would share; returns how many."""
     buffers = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.BUFFER}
@@ -211,7 +229,9 @@ def distinct_mutated_values(ep: ExportedProgram) -> int:
     # A returned buffer, in-place result or copy source would be a buffer's new value too.
     new_values = {n.args[0] for n in ep.graph.nodes if _writes_buffer(n, buffers)} | {n.args[1] for n in copies}
     shared += [
-        (output, v) for v in dict.fromkeys(output.all_input_nodes) if _writes_buffer(v, buffers) or v in new_values
+        (output, v)
+        for v in dict.fromkeys(output.all_input_nodes)
+        if _writes_buffer(_returned_as_is(v), buffers) or _returned_as_is(v) in new_values
     ]
     for node, source in shared:
         _clone_input(ep, node, source)

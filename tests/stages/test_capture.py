@@ -130,32 +130,53 @@ def test_buffers_given_one_value_compile_and_carry_state(pattern):
 
 
 class ReturnsItsBuffer(torch.nn.Module):
-    def __init__(self, returned):
+    def __init__(self, returned, start):
         super().__init__()
         self.returned = returned
-        self.register_buffer("s", torch.arange(3.0))
+        self.register_buffer("s", start.clone())
 
     def forward(self, x):
+        if self.returned == "the value copied into it":
+            new = self.s + x
+            self.s.copy_(new)
+            return new
+        self.s.add_(x)
         if self.returned == "the buffer":
-            self.s.add_(x)
             return self.s
-        new = self.s + x
-        self.s.copy_(new)
-        return new
+        # Ops that return the buffer itself: once functionalized, the same node as its new value.
+        if self.returned == "the buffer as its own dtype":
+            return self.s.to(self.s.dtype)
+        if self.returned == "the buffer made contiguous":
+            return self.s.contiguous()
+        return self.s.detach()
 
 
-@pytest.mark.parametrize("returned", ["the buffer", "the value copied into it"])
+@pytest.mark.parametrize(
+    "returned, start",
+    [
+        ("the buffer", torch.arange(3.0)),
+        ("the value copied into it", torch.arange(3.0)),
+        # A buffer starting at zero is state a delegate can take over (MLX does).
+        ("the buffer", torch.zeros(3)),
+        ("the buffer as its own dtype", torch.zeros(3)),
+        ("the buffer made contiguous", torch.zeros(3)),
+        ("the buffer detached", torch.zeros(3)),
+    ],
+    ids=["buffer", "copied-value", "zero-buffer", "to-own-dtype", "contiguous", "detached"],
+)
 @pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx"])
-def test_a_returned_mutated_buffer_compiles_on_every_backend_and_carries_state(backend, returned):
+def test_a_returned_mutated_buffer_compiles_on_every_backend_and_carries_state(backend, returned, start):
     """Stock MLX refuses it ("buffer mutation node was found to also be used as other
     types of outputs"); a copy inside a delegate that does not own the buffer made
-    XNNPACK refuse it ("Output node ... is already in the inputs")."""
+    XNNPACK refuse it ("Output node ... is already in the inputs"). An op that returns
+    the buffer itself (`to` its own dtype, `contiguous`) is no op once functionalized:
+    the returned value is the buffer's new value again, so it needs its copy too."""
     import compiler
 
     x = torch.randn(3)
-    eager = ReturnsItsBuffer(returned)
+    eager = ReturnsItsBuffer(returned, start)
     want = [eager(x).clone(), eager(x).clone()]
-    artifact = compiler.compile(ReturnsItsBuffer(returned), (x,), backend)
+    artifact = compiler.compile(ReturnsItsBuffer(returned, start), (x,), backend)
     loaded = compiler.LoadedProgram(artifact)
     for expected in want:
         (got,) = loaded((x,))
