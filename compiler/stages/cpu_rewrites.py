@@ -15,15 +15,15 @@ import logging
 from typing import Any, Callable, NamedTuple
 
 import torch
-from executorch.exir.dialects._ops import ops as exir_ops
 from torch._guards import detect_fake_mode
 
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.kernel_limits import KERNEL_LIMITS, kernel_limit
+from compiler.private_api import edge_ops
 
 logger = logging.getLogger(__name__)
 
-edge = exir_ops.edge.aten
+edge = edge_ops().edge.aten
 
 # Metadata a new node takes from the node it replaces: where it came from in the model.
 _KEPT_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
