@@ -322,23 +322,48 @@ def clamp_input_cast_to_result(program: ExportedProgram) -> int:
     return _finished(program, changed, "clamps given their input in the result's dtype")
 
 
+def _assertions_alone_read(node: torch.fx.Node) -> set[torch.fx.Node] | None:
+    """What reads tensor `node`, when that is only assertions about it (through its sizes and
+    comparisons of them, nothing else); else None."""
+    reading, pending = set(), list(node.users)
+    while pending:
+        user = pending.pop()
+        if user in reading:
+            continue
+        if user.op != "call_function" or isinstance(user.meta.get("val"), torch.Tensor):
+            return None  # read by real computation, or returned
+        reading.add(user)
+        pending += user.users
+    about_it_alone = all(source is node or source in reading for user in reading for source in user.all_input_nodes)
+    asserted = any(op_name(user.target) == "aten._assert_scalar.default" for user in reading)
+    return reading if about_it_alone and asserted else None
+
+
 def assertions_dropped(program: ExportedProgram) -> int:
     """No ExecuTorch program runs export's size assertions: stock 1.5.1's MLX handler for
     aten._assert_scalar emits nothing, and to_executorch removes every one left on the CPU.
-    What only they read is computed for nothing, yet it can keep an op our rules refuse in
-    the program: Gemma 3's `x[mask].numel() == n` check left a run-time bool index on the CPU
-    (`support.boolean_index`) whose result crossed into the payload unread, where stock's
-    builder drops it as dead. The assertions, and what then nothing reads, go before the
-    support check. Returns how many assertions went."""
+    A tensor that only assertions about it read is computed for nothing, yet it can keep an
+    op our rules refuse in the program: Gemma 3's `x[mask].numel() == n` check left a
+    run-time bool index on the CPU (`support.boolean_index`) whose result crossed into the
+    payload unread, where stock's builder drops it as dead. Such a tensor goes before the
+    support check, with its assertions and what then nothing reads. Assertions that also
+    read other values stay: they bound a symbol's range (`torch._check(n <= y.shape[0])` for
+    `y[:n]`), which the program's verifier needs. Returns how many tensors went."""
     graph = program.graph_module.graph
-    assertions = [
-        n for n in graph.nodes if n.op == "call_function" and op_name(n.target) == "aten._assert_scalar.default"
-    ]
-    for node in assertions:
+    dropped = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        reading = _assertions_alone_read(node)
+        if reading is None:
+            continue
+        for gone in [n for n in graph.nodes if n in reading][::-1]:
+            graph.erase_node(gone)
         graph.erase_node(node)
-    if assertions:
+        dropped += 1
+    if dropped:
         graph.eliminate_dead_code()
-    return _finished(program, len(assertions), "assertions dropped, with what only they read")
+    return _finished(program, dropped, "tensors only assertions read dropped, with those assertions")
 
 
 # Every rewrite, in the order the backend runs them before its support check.
