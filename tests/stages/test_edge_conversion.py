@@ -172,9 +172,23 @@ def test_deep_benchmark_stack_same_program_as_stock():
     convert_both(*bench(12), "coreml")
 
 
+# Models whose Edge conversion stock refuses, so there is no stock program to compare with.
+STOCK_EDGE_REFUSES = {
+    "smolvlm": "stock's Edge verifier refuses the torch.sym_not / sym_ite of its size checks, which ours rewrites",
+}
+
+
 @pytest.mark.models
 @pytest.mark.parametrize("backend", ["coreml", "xnnpack"])
-@pytest.mark.parametrize("name", sorted(model_suite.SUITE))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.xfail(reason=STOCK_EDGE_REFUSES[name], raises=AssertionError, strict=True)])
+        if name in STOCK_EDGE_REFUSES
+        else name
+        for name in sorted(model_suite.SUITE)
+    ],
+)
 def test_model_suite_same_program_as_stock(name, backend):
     pytest.importorskip("transformers")
     convert_both(*model_suite.SUITE[name](), backend)
