@@ -2,8 +2,8 @@
 
 Models are built from configs with random weights (compiler.model_suite); nothing is
 downloaded. Portable, XNNPACK and MLX programs run here (MLX through the reference
-runner); Core ML payloads do not run on Linux, so for Core ML the placement and the
-converted MIL are checked where they matter.
+runner); for Core ML the placement and the converted MIL are checked where they matter,
+and the image-text-to-text model runs through the MIL reference interpreter.
 """
 
 import pytest
