@@ -92,10 +92,6 @@ REFUSED_OVER_INTEGERS = (
 NO_VALID_PROGRAM = {
     "aten.max_pool3d_with_indices.default": "indices: MLX never writes them, and the runtime has no CPU kernel",
 }
-# ...and over integers, where the CPU kernel fails when the program runs.
-NO_VALID_PROGRAM_OVER_INTEGERS = {
-    "aten.conv3d.default": "MLX convolves floats only, and the portable CPU kernel has no 3-D convolution",
-}
 IN_PLACE = (
     "in-place: export functionalizes it, and only stock's MLXReinplacePass (which this driver "
     "does not run) puts it back"
@@ -303,10 +299,6 @@ def _lowers_and_matches_eager(label: str, dtype: torch.dtype, module: OneOp, cas
         _assert_on_cpu(artifact, REFUSED_OVER_INTEGERS, "floating types only")  # before stock's check
     elif refused:
         _assert_on_cpu(artifact, [label], refused)
-    if (label in NO_VALID_PROGRAM_OVER_INTEGERS and not dtype.is_floating_point) or case in VARIANT_FAILS_AT_RUN:
-        with pytest.raises(RuntimeError, match="execute"):
-            compiler.run(artifact, module.example)
-        return
     try:
         outputs = compiler.run(artifact, module.example)
     except UnsupportedMLXNode as gap:
@@ -330,7 +322,7 @@ def test_claimed_op_without_a_one_op_program(label, reason):
 def test_every_claimed_op_is_built_or_listed_with_a_reason():
     labels = claimed()
     assert set(NOT_BUILDABLE) <= set(labels), set(NOT_BUILDABLE) - set(labels)  # no stale entries
-    extra = (dict.fromkeys(REFUSED_OVER_INTEGERS), NO_VALID_PROGRAM_OVER_INTEGERS)
+    extra = (dict.fromkeys(REFUSED_OVER_INTEGERS),)
     for table in (INPUT_OVERRIDES, REFUSED, STOCK_REFUSED, NO_VALID_PROGRAM, DRIVER_BUGS, *extra):
         assert set(table) <= set(labels), set(table) - set(labels)
     for label, target in labels.items():
@@ -374,12 +366,6 @@ VARIANT_NO_VALID_PROGRAM = {
     "aten.avg_pool3d.default-ceil_mode=True": _NO_AVG_POOL3D,
     "aten.avg_pool3d.default-count_include_pad=False+padding=[1,1,1]": _NO_AVG_POOL3D,
     "aten.avg_pool3d.default-divisor_override=3": _NO_AVG_POOL3D,
-}
-# ...and those whose CPU kernel fails when the program runs.
-_NO_GROUPED_CONV3D = "stock's _emit_conv refuses 3-D groups != 1, and the portable CPU kernel has no 3-D convolution"
-VARIANT_FAILS_AT_RUN = {
-    "aten.conv3d.default-groups=2": _NO_GROUPED_CONV3D,
-    "aten.conv_transpose3d.input-groups=2": _NO_GROUPED_CONV3D,
 }
 
 
@@ -440,7 +426,7 @@ def test_argument_without_another_value(label, name, reason):
 
 def test_every_listed_variant_is_a_case():
     ids = {_variant_id(case.values[0], case.values[2]) for case in _variants()[0]}
-    for table in (VARIANT_REFUSED, VARIANT_NO_VALID_PROGRAM, VARIANT_FAILS_AT_RUN):
+    for table in (VARIANT_REFUSED, VARIANT_NO_VALID_PROGRAM):
         assert set(table) <= ids, set(table) - ids  # no stale entries
     assert set(VARIANT_EXPORT_FAILS) <= {case.id for case in _variants()[0]}
     for label, name in (*VARIANT_INPUTS, *VALUES):
