@@ -47,7 +47,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import compiler  # noqa: E402
-from compiler.examples import Block, Transformer  # noqa: E402
+from compiler.models.examples import Block, Transformer  # noqa: E402
 from compiler.stages.emit import pte_calls  # noqa: E402
 
 DIM, HEADS, SEQ = 256, 4, 64
@@ -129,7 +129,7 @@ def frame_stack(depth: int):
 def gpt2(layers: int):
     """The model suite's GPT-2, or None without the models extra."""
     try:
-        from compiler.model_suite import gpt2 as build
+        from compiler.models.model_suite import gpt2 as build
         import transformers  # noqa: F401
     except ImportError:
         return None

@@ -2,11 +2,11 @@
 
     python -m benchmarks.coreml_check [--only NAME ...] [--markdown FILE] [--json FILE]
 
-Compiles the built-in examples (`compiler.examples.EXAMPLES`) and the model suite
-(`compiler.model_suite.SUITE`, factory defaults: GPT-2 at 48 layers) for Core ML at the
+Compiles the built-in examples (`compiler.models.examples.EXAMPLES`) and the model suite
+(`compiler.models.model_suite.SUITE`, factory defaults: GPT-2 at 48 layers) for Core ML at the
 default compute precision (float16) and at float32, runs each program with `compiler.run`
 (on Linux each Core ML payload runs in the MIL reference interpreter) and compares it with
-eager through `compiler.runtime.compare_with_eager`, at the tolerance the check picks for
+eager through `compiler.running.runtime.compare_with_eager`, at the tolerance the check picks for
 the program's precision (1e-4 absolute for float32; 1e-2 x the largest |eager output| when
 a delegate computes in float16). The Llama static-cache step also decodes two steps on one
 loaded program, below iOS18 (the cache a CPU buffer) and for iOS18 (the cache Core ML state,
@@ -39,8 +39,8 @@ import torch  # noqa: E402
 import compiler  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
-from compiler.runtime import CheckResult, LoadedProgram, compare_with_eager  # noqa: E402
-from compiler.tolerance import Tolerance  # noqa: E402
+from compiler.running.runtime import CheckResult, LoadedProgram, compare_with_eager  # noqa: E402
+from compiler.running.tolerance import Tolerance  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 DEFAULT_MARKDOWN = os.path.join(RESULTS, "coreml_check.md")
@@ -109,8 +109,8 @@ def _steps(artifact, factory, steps) -> CheckResult:
 
 def jobs(only=None) -> list[tuple[str, str, object, dict, object]]:
     """(model, precision, factory, backend_options, steps) for every check of this invocation."""
-    from compiler.examples import EXAMPLES
-    from compiler.model_suite import SUITE, decode_inputs
+    from compiler.models.examples import EXAMPLES
+    from compiler.models.model_suite import SUITE, decode_inputs
 
     models = [(f"examples/{n}", f) for n, f in EXAMPLES.items()] + [(f"suite/{n}", f) for n, f in SUITE.items()]
     if only:

@@ -3,8 +3,8 @@
     python -m benchmarks.coreml_mil_ops [--json FILE]
     $PY -m benchmarks.coreml_mil_ops --policies --seed-kit ../shared/seed-systems --skip-builtin
 
-Compiles the built-in examples (`compiler.examples.EXAMPLES`) and the model suite
-(`compiler.model_suite.SUITE`, factory defaults except GPT-2 at 2 layers) for Core ML at
+Compiles the built-in examples (`compiler.models.examples.EXAMPLES`) and the model suite
+(`compiler.models.model_suite.SUITE`, factory defaults except GPT-2 at 2 layers) for Core ML at
 the default compute precision (float16) and at float32, plus the Llama static-cache step
 for iOS18 (where the KV cache becomes Core ML state). With `--policies` it also compiles
 the LeRobot policies of the seed kit (`policies.build(name)`); that kit is imported only
@@ -118,8 +118,8 @@ def _jobs(args) -> list[tuple[str, object, object]]:
     precisions = _precisions()
     models: list[tuple[str, object]] = []
     if not args.skip_builtin:
-        from compiler.examples import EXAMPLES
-        from compiler.model_suite import SUITE
+        from compiler.models.examples import EXAMPLES
+        from compiler.models.model_suite import SUITE
 
         models += [(f"examples/{name}", factory) for name, factory in EXAMPLES.items()]
         models += [(f"suite/{name}", functools.partial(factory, **SUITE_OVERRIDES.get(name, {})))

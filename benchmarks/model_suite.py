@@ -3,7 +3,7 @@
     python -m benchmarks.model_suite [--readme README.md] [--json benchmarks/results/model_suite.json]
     python -m benchmarks.model_suite --backends coreml --json benchmarks/results/model_suite.json --readme README.md
 
-For each model of `compiler.model_suite` (tiny, random weights, from configs) and each
+For each model of `compiler.models.model_suite` (tiny, random weights, from configs) and each
 backend it compiles, runs the program (portable and XNNPACK with ExecuTorch's runtime, MLX
 and Core ML in the reference executor; the Llama decoder for two steps, so its KV cache
 matters), and
@@ -27,7 +27,8 @@ logging.getLogger("torchao").setLevel(logging.ERROR)
 import torch  # noqa: E402
 
 import compiler  # noqa: E402
-from compiler import model_suite, readme  # noqa: E402
+from compiler.models import model_suite  # noqa: E402
+from compiler.tools import readme  # noqa: E402
 
 BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
 

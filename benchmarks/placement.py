@@ -3,8 +3,8 @@
     python -m benchmarks.placement [--backends xnnpack coreml mlx] [--models mlp lstm ...]
                                    [--json benchmarks/results/placement.json] [--markdown PATH]
 
-For every example of `compiler.examples`, an LSTM (two layers), and every model of
-`compiler.model_suite` (small sizes; skipped without transformers), on each backend, it
+For every example of `compiler.models.examples`, an LSTM (two layers), and every model of
+`compiler.models.model_suite` (small sizes; skipped without transformers), on each backend, it
 compiles both ways: ours (`compiler.compile`) and stock (`torch.export` +
 `to_edge_transform_and_lower(ep, [<backend's partitioner>])` + `to_executorch()`), and
 counts in each `.pte` the delegate calls and the CPU kernel calls, and in each lowered
@@ -41,7 +41,7 @@ logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 import torch  # noqa: E402
 
 import compiler  # noqa: E402
-from compiler import examples, model_suite  # noqa: E402
+from compiler.models import examples, model_suite  # noqa: E402
 from compiler.stages.emit import pte_calls  # noqa: E402
 from benchmarks.compile_time import stock_partitioner  # noqa: E402
 

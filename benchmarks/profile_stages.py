@@ -22,7 +22,7 @@ import torch
 
 import compiler
 from benchmarks.compile_time import DIM, HEADS, SEQ
-from compiler.examples import Transformer
+from compiler.models.examples import Transformer
 
 
 class ProfileStages(compiler.Instrument):

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from compiler import sweeps
+from compiler.tools import sweeps
 
 PIPELINE = ("capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower", "emit")
 

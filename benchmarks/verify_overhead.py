@@ -20,7 +20,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 logging.getLogger("torchao").setLevel(logging.ERROR)
 
 import compiler  # noqa: E402
-from compiler.examples import transformer  # noqa: E402
+from compiler.models.examples import transformer  # noqa: E402
 
 
 def time_compile(model, inputs, backend: str, verify: bool) -> tuple[float, float]:

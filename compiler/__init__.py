@@ -10,15 +10,14 @@ import-time noise of its dependencies before they load.
 import importlib
 
 _EXPORTS = {
-    "Artifact": "compiler.api",
+    "CompileResult": "compiler.api",
     "compile": "compiler.api",
-    "run_pipeline": "compiler.api",
-    "Instrument": "compiler.instruments",
-    "CompileConfig": "compiler.config",
-    "RunOptions": "compiler.config",
-    "compare_with_eager": "compiler.runtime",
-    "LoadedProgram": "compiler.runtime",
-    "run": "compiler.runtime",
+    "Instrument": "compiler.driver.instruments",
+    "CompileConfig": "compiler.driver.config",
+    "DriverOptions": "compiler.driver.config",
+    "compare_with_eager": "compiler.running.runtime",
+    "LoadedProgram": "compiler.running.runtime",
+    "run": "compiler.running.runtime",
     "STAGE_NAMES": "compiler.stages",
     "CaptureError": "compiler.ir.errors",
     "CompileError": "compiler.ir.errors",
@@ -28,7 +27,7 @@ _EXPORTS = {
     "UnsupportedByRuntime": "compiler.ir.errors",
     "UserInputError": "compiler.ir.errors",
     "VerificationError": "compiler.ir.errors",
-    "sweep": "compiler.sweeps",
+    "sweep": "compiler.tools.sweeps",
 }
 
 __all__ = sorted(_EXPORTS)

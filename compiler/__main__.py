@@ -1,5 +1,5 @@
 import sys
 
-from compiler.cli import main
+from compiler.cli.main import main
 
 sys.exit(main())

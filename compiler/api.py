@@ -1,4 +1,8 @@
-"""The public Python API: compile a model, run what was compiled, compare with eager."""
+"""The public Python API: compile a model, run what was compiled, compare with eager.
+
+`compile` always returns a `CompileResult`, wherever the run stopped, as ExecuTorch's
+ExportSession keeps each stage's output.
+"""
 
 from __future__ import annotations
 
@@ -12,42 +16,66 @@ import torch
 from torch.utils import _pytree as pytree
 
 from compiler import backends
-from compiler.config import CompileConfig, dependency_versions, split_options
-from compiler.dependency_output import DependencyOutput
+from compiler.driver.config import CompileConfig, dependency_versions, split_options
+from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.errors import ResumeError, UserInputError
 
 if TYPE_CHECKING:
     from compiler.backends.base import Backend
-    from compiler.cache import StageCache
-    from compiler.config import RunOptions
-    from compiler.driver import PipelineRun
+    from compiler.driver.cache import StageCache
+    from compiler.driver.config import DriverOptions
+    from compiler.driver.pipeline import PipelineResult
     from compiler.ir.artifacts import EagerModel, ExecutorchProgram
-    from compiler.ir.report import Override, Report
-    from compiler.ir.serialize import StageFile
+    from compiler.reporting.report import Override, Report
+    from compiler.driver.stage_files import StageFile
 
 logger = logging.getLogger(__name__)
 
 
 @attrs.frozen
-class Artifact:
-    """A compiled program: the `.pte` bytes, the report, and every stage's artifact."""
+class CompileResult:
+    """What a compile made, wherever it stopped: the artifact of its last stage, the report,
+    each stage's artifact this run produced (a resumed run: those after its start; a stage
+    the cache gave: absent), and the configuration it used. `pte`, `save` and `run` need
+    a run that reached emit."""
 
-    program: ExecutorchProgram
+    artifact: Any
     report: Report
     stages: Mapping[str, Any]
+    config: CompileConfig
+
+    @property
+    def stopped_after(self) -> str:
+        return self.report.stages[-1].stage
+
+    @property
+    def program(self) -> ExecutorchProgram:
+        """The emitted program; a `UserInputError` for a run that stopped before emit."""
+        from compiler.ir.artifacts import ExecutorchProgram
+
+        if not isinstance(self.artifact, ExecutorchProgram):
+            raise UserInputError(
+                f"the compile stopped after {self.stopped_after}: it has a {type(self.artifact).__name__}, "
+                "not a program to save or run",
+                hint="compile without stop_after (or resume from its stage file) to reach emit; "
+                "`result.artifact` is what it made",
+            )
+        return self.artifact
 
     @property
     def pte(self) -> bytes:
         return self.program.pte
 
     def save(self, path: str | os.PathLike) -> None:
+        pte = self.pte
         with open(path, "wb") as f:
-            f.write(self.pte)
+            f.write(pte)
 
     def run(self, *inputs: Any) -> list[torch.Tensor]:
-        from compiler.runtime import run
+        """Run the emitted program once on `inputs` (`compiler.run`)."""
+        from compiler.running.runtime import run
 
-        return run(self, inputs)
+        return run(self.program, inputs)
 
 
 def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any) -> EagerModel:
@@ -77,7 +105,7 @@ def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any) -> EagerM
     return EagerModel(model, tuple(example_inputs), dynamic_shapes)
 
 
-def run_pipeline(
+def compile(
     model: torch.nn.Module | None,
     example_inputs: Any = None,
     backend: str | Backend | None = None,
@@ -86,17 +114,25 @@ def run_pipeline(
     dynamic_shapes: Any = None,
     config: CompileConfig | None = None,
     **options: Any,
-) -> PipelineRun:
-    """Like `compile`, but returns the run itself: the last artifact, the report, every stage's artifact."""
-    given, run = split_options(options)
+) -> CompileResult:
+    """Compile `model` to an ExecuTorch program for `backend` (default: portable).
+
+    `backend_options` use the backend's own option names (those of ExecuTorch's
+    partitioner for it); `dynamic_shapes` as torch.export takes them; `config` a
+    `CompileConfig`; every other keyword is a stage or driver option by its name
+    (`compiler.driver.config.options()`: fold_skip_ops, dry_run_mode, stop_after,
+    dump_dir, ...), set on top of `config`. With `resume_from`, the stage file's
+    recorded configuration is the base, and what is given here overrides it.
+    """
+    given, driving = split_options(options)
     # ExecuTorch, torchao and coremltools talk as they load: the pipeline's modules are imported
     # inside the capture, like everything the compile runs.
-    with DependencyOutput() if run.capture_dependency_output else contextlib.nullcontext() as output:
+    with DependencyOutput() if driving.capture_dependency_output else contextlib.nullcontext() as output:
         from compiler.backends.base import Backend
-        from compiler.driver import Pipeline
-        from compiler.instruments import StageMessages, instruments_for
-        from compiler.ir.serialize import load_stage_file
-        from compiler.stages import DEFAULT_STAGES
+        from compiler.driver.pipeline import Pipeline
+        from compiler.driver.instruments import StageMessages, instruments_for
+        from compiler.driver.stage_files import load_stage_file
+        from compiler.stages import default_stages
 
         backend_obj = backend if isinstance(backend, Backend) else None
         backend_name = backend_obj.name if backend_obj else backend
@@ -107,8 +143,8 @@ def run_pipeline(
             )
         versions = dependency_versions()
         overrides: tuple[Override, ...] = ()
-        if run.resume_from:
-            stage_file = load_stage_file(run.resume_from)
+        if driving.resume_from:
+            stage_file = load_stage_file(driving.resume_from)
             chosen = _resumed_config(stage_file, config, backend_name, backend_options, given)
             # What differs from the recorded run: the options given, and the libraries installed.
             overrides = _differences(
@@ -126,39 +162,39 @@ def run_pipeline(
             artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes), None
 
         backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
-        instruments = instruments_for(run)
+        instruments = instruments_for(driving)
         if output is not None:
             instruments.insert(0, StageMessages(output))
-        result = Pipeline(DEFAULT_STAGES).run(
+        result = Pipeline(default_stages()).execute(
             artifact,
             backend_obj,
             chosen,
             instruments,
             start_after=start_after,
-            stop_after=run.stop_after,
-            dependency_checks=run.dependency_checks,
-            cache=_stage_cache(run, backend if isinstance(backend, Backend) else None),
+            stop_after=driving.stop_after,
+            dependency_checks=driving.dependency_checks,
+            cache=_stage_cache(driving, backend if isinstance(backend, Backend) else None),
         )
-        report = attrs.evolve(result.report, versions=versions, resumed_from=run.resume_from, overrides=overrides)
-        return attrs.evolve(result, report=report)
+        report = attrs.evolve(result.report, versions=versions, resumed_from=driving.resume_from, overrides=overrides)
+        return CompileResult(result.artifact, report, result.artifacts, result.config)
 
 
-def _stage_cache(run: RunOptions, given_backend: Backend | None) -> StageCache | None:
+def _stage_cache(driving: DriverOptions, given_backend: Backend | None) -> StageCache | None:
     """The stage cache a run uses: only with `cache_dir`. A run that must see every stage
     (dump_dir, print_after_change) stores but does not load; a resumed run has no capture
     to key it; nor does a backend object, whose options the configuration does not hold."""
-    from compiler.cache import StageCache
+    from compiler.driver.cache import StageCache
 
-    if not run.cache or not run.cache_dir or run.resume_from:
+    if not driving.cache or not driving.cache_dir or driving.resume_from:
         return None
     if given_backend is not None:
         logger.info("stage cache not used: the backend was given as an object")
         return None
     return StageCache(
-        os.path.expanduser(run.cache_dir),
-        run.cache_max_mb * 2**20,
-        read=not (run.dump_dir or run.print_after_change),
-        write=run.verify,  # only verified outputs are trusted by later runs
+        os.path.expanduser(driving.cache_dir),
+        driving.cache_max_mb * 2**20,
+        read=not (driving.dump_dir or driving.print_after_change),
+        write=driving.verify,  # only verified outputs are trusted by later runs
     )
 
 
@@ -198,7 +234,7 @@ def _resumed_config(
 
 def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix: str = "") -> tuple[Override, ...]:
     """The options whose JSON differs between two configurations, by dotted name."""
-    from compiler.ir.report import Override
+    from compiler.reporting.report import Override
 
     found: list[Override] = []
     for key in sorted(set(recorded) | set(chosen)):
@@ -208,27 +244,3 @@ def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix:
         elif old != new:
             found.append(Override(f"{prefix}{key}", old, new))
     return tuple(found)
-
-
-def compile(model: torch.nn.Module | None, example_inputs: Any = None, backend: str | Backend | None = None, **kwargs: Any) -> Any:
-    """Compile `model` to an ExecuTorch program for `backend` (default: portable).
-
-    Keywords are those of `run_pipeline`: `backend_options` use the backend's own
-    option names (those of ExecuTorch's partitioner for it); `dynamic_shapes` as
-    torch.export takes them; `config` a `CompileConfig`; every other keyword is a
-    stage or run option by its name (`compiler.config.options()`: fold_skip_ops,
-    dry_run_mode, stop_after, dump_dir, ...), set on top of `config`. With
-    `resume_from`, the stage file's recorded configuration is the base, and what is
-    given here overrides it. Returns an `Artifact`, or with `stop_after` that
-    stage's artifact.
-    """
-    return finish(run_pipeline(model, example_inputs, backend, **kwargs))
-
-
-def finish(result: PipelineRun) -> Any:
-    """The user-facing value of a pipeline run: an Artifact if it reached emit."""
-    from compiler.ir.artifacts import ExecutorchProgram
-
-    if isinstance(result.result, ExecutorchProgram):
-        return Artifact(result.result, result.report, result.artifacts)
-    return result.result

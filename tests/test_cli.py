@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from compiler.cli import main
-from compiler.examples import MODELS
+from compiler.cli.main import main
+from compiler.models.examples import MODELS
 
 
 def test_examples_lists_every_builtin_and_the_model_suite(capsys):
@@ -91,17 +91,20 @@ def test_console_entry_point_runs_as_module():
 
 
 def test_check_on_a_program_this_machine_cannot_run_says_so(capsys, monkeypatch):
-    from compiler import backends
+    import attrs
+
+    from compiler.ir import targets
 
     # A delegate with neither a runtime kernel here nor a reference runner (Core ML's taken away).
-    monkeypatch.delitem(backends._DELEGATE_RUNNERS, "CoreMLBackend")
+    without_runner = attrs.evolve(targets.BY_DELEGATE_ID["CoreMLBackend"], reference_runner=None)
+    monkeypatch.setitem(targets.BY_DELEGATE_ID, "CoreMLBackend", without_runner)
     assert main(["compile", "mlp", "--backend", "coreml", "--check"]) == 2
     err = capsys.readouterr().err
     assert "CoreMLBackend" in err and "can run neither" in err and "Traceback" not in err
 
 
 def test_suggested_options_are_flags_on_the_command_line_and_keywords_in_the_api():
-    from compiler.cli import render_error
+    from compiler.cli.main import render_error
     from compiler.ir.errors import CompileError
 
     error = CompileError(

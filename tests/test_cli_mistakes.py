@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from compiler.cli import main
+from compiler.cli.main import main
 
 HEAVY = ("torch", "executorch", "coremltools", "mlx")
 
@@ -21,7 +21,7 @@ def _imports_after(argv: list[str]) -> tuple[int, list[str], str]:
     probe = textwrap.dedent(
         f"""
         import json, sys
-        from compiler.cli import main
+        from compiler.cli.main import main
         try:
             code = main({argv!r})
         except SystemExit as exit:
@@ -87,7 +87,7 @@ def test_a_dump_dir_under_a_file_is_refused_before_the_compile(capsys, a_file):
 def test_checking_an_output_leaves_no_file_behind(capsys, tmp_path, monkeypatch):
     """The check creates the file to prove it can; a run that then fails writes nothing."""
     program = tmp_path / "mlp.pte"
-    monkeypatch.setattr("compiler.api.run_pipeline", _fails)
+    monkeypatch.setattr("compiler.api.compile", _fails)
     assert main(["compile", "mlp", "-o", str(program)]) == 2
     assert not program.exists()
 
@@ -108,7 +108,7 @@ def test_a_write_that_fails_after_the_compile_is_named_and_the_rerun_is_cached(c
         raise OSError(28, "No space left on device", str(path))
 
     with monkeypatch.context() as patched:
-        patched.setattr("compiler.api.Artifact.save", disk_full)
+        patched.setattr("compiler.api.CompileResult.save", disk_full)
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"-o '{program}': writing the program failed after the compile (No space left on device)" in err

@@ -7,7 +7,7 @@ import gc
 import torch
 
 import compiler
-from compiler.instruments import Instrument
+from compiler.driver.instruments import Instrument
 
 
 class Stack(torch.nn.Module):

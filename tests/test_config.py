@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import compiler
-from compiler.config import CompileConfig, DryRunOptions, FoldOptions, decode, options
-from compiler.examples import EXAMPLES
+from compiler.driver.config import CompileConfig, decode, options
+from compiler.stages.options import DryRunOptions, FoldOptions
+from compiler.models.examples import EXAMPLES
 from compiler.ir.errors import ResumeError, UserInputError
 from executorch.backends.apple.coreml.compiler import CoreMLBackend as EtCoreML
 from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig

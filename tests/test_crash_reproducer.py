@@ -7,11 +7,11 @@ import tempfile
 import pytest
 
 import compiler
-from compiler import instruments
-from compiler.config import options
-from compiler.instruments import KEPT_REPRODUCERS, default_reproducer_dir
+from compiler.driver import instruments
+from compiler.driver.config import options
+from compiler.driver.instruments import KEPT_REPRODUCERS, default_reproducer_dir
 from compiler.ir.errors import StageFailure
-from compiler.ir.serialize import load_stage_file
+from compiler.driver.stage_files import load_stage_file
 
 
 class FailsAtFold(compiler.Instrument):

@@ -3,7 +3,7 @@
 import pytest
 
 import compiler
-from compiler.examples import EXAMPLES
+from compiler.models.examples import EXAMPLES
 
 
 @pytest.mark.parametrize("backend", ["portable", "xnnpack"])

@@ -14,10 +14,10 @@ import torch
 
 from executorch.exir.backend.partitioner import DelegationSpec
 
-from compiler.api import run_pipeline
-from compiler.html_report import render_html
+from compiler.api import compile
+from compiler.reporting.html_report import render_html
 from compiler.ir.placement import NodePlacement, PlacementPlan
-from compiler.ir.report import Report, StageRecord
+from compiler.reporting.report import Report, StageRecord
 
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 needs_chromium = pytest.mark.skipif(
@@ -41,7 +41,7 @@ class Camera(torch.nn.Module):
 def camera_run(backend: str):
     torch.manual_seed(0)
     image = torch.randint(0, 255, (1, 3, 32, 32), dtype=torch.uint8)
-    return run_pipeline(Camera().eval(), (image,), backend)
+    return compile(Camera().eval(), (image,), backend)
 
 
 class PageReader(html.parser.HTMLParser):
@@ -102,7 +102,7 @@ def camera(request):
 
 @needs_chromium
 def test_the_page_shows_every_stage_placement_and_node(camera, tmp_path):
-    partitioned = camera.artifacts["partition"]
+    partitioned = camera.stages["partition"]
     page = tmp_path / "report.html"
     page.write_text(render_html(camera.report, partitioned), encoding="utf-8")
 

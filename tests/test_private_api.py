@@ -1,4 +1,4 @@
-"""Private ExecuTorch and coremltools names are used in compiler/private_api.py only.
+"""Private ExecuTorch and coremltools names are used in compiler/ir/private_api.py only.
 
 Every other file under compiler/ is parsed and checked for:
 - an import from an executorch/coremltools module path with an underscored part
@@ -18,11 +18,11 @@ from pathlib import Path
 import compiler
 
 PACKAGE = Path(compiler.__file__).parent
-ALLOWED = PACKAGE / "private_api.py"
+ALLOWED = PACKAGE / "ir" / "private_api.py"
 PACKAGES = ("executorch", "coremltools")
 
 # Private attribute and function names of executorch 1.5.1 / coremltools 9.0 that
-# compiler/private_api.py wraps. A name reached as an attribute anywhere else is flagged
+# compiler/ir/private_api.py wraps. A name reached as an attribute anywhere else is flagged
 # (a project-owned attribute must not take one of these names).
 PRIVATE_ATTRIBUTES = frozenset(
     {
@@ -106,7 +106,7 @@ def violations(path: Path) -> list[str]:
 def test_private_names_only_in_private_api():
     found = [v for path in sorted(PACKAGE.rglob("*.py")) if path != ALLOWED for v in violations(path)]
     assert not found, (
-        "private executorch/coremltools names outside compiler/private_api.py "
+        "private executorch/coremltools names outside compiler/ir/private_api.py "
         "(add a wrapper there and call it):\n" + "\n".join(found)
     )
 

@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from compiler import readme
+from compiler.tools import readme
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -20,5 +20,5 @@ def test_ci_runs_the_readme_test_command():
 def test_each_generated_readme_section_is_what_the_code_generates(name):
     text = (ROOT / "README.md").read_text()
     assert readme.section(text, name) == readme.generator(name)().strip(), (
-        "regenerate it: python -m compiler.readme README.md"
+        "regenerate it: python -m compiler.tools.readme README.md"
     )

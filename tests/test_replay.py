@@ -9,10 +9,10 @@ import torch
 
 import compiler
 from compiler.backends.coreml.payload import read_models
-from compiler.cli import main
-from compiler.config import STAGE_NAMES, dependency_versions
-from compiler.examples import EXAMPLES
-from compiler.private_api import deserialize_pte
+from compiler.cli.main import main
+from compiler.driver.config import STAGE_NAMES, dependency_versions
+from compiler.models.examples import EXAMPLES
+from compiler.ir.private_api import deserialize_pte
 
 
 class DecoderStep(torch.nn.Module):
@@ -91,7 +91,7 @@ def test_an_option_given_at_resume_overrides_the_recorded_one_and_the_report_say
 
 def test_the_crash_reproducer_file_alone_replays_the_failing_run(tmp_path, monkeypatch):
     model, inputs = EXAMPLES["mlp"]()
-    monkeypatch.setattr("compiler.stages.partition.Partition.run", _exploding)
+    monkeypatch.setattr("compiler.stages.partition.Partition.apply", _exploding)
     with pytest.raises(compiler.StageFailure) as err:
         compiler.compile(model, inputs, "xnnpack", reproducer_dir=tmp_path, dry_run_mode="always")
     assert f"resume with: compiler.compile(None, resume_from={err.value.reproducer_path!r})" in str(err.value)
@@ -138,7 +138,7 @@ def test_a_dump_records_the_configuration_and_versions_beside_the_stage_files(tm
 
 
 def test_the_command_line_shows_a_failure_in_its_own_terms(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("compiler.stages.partition.Partition.run", _exploding)
+    monkeypatch.setattr("compiler.stages.partition.Partition.apply", _exploding)
     assert main(["compile", "mlp", "--backend", "xnnpack", "--reproducer-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert f"resume with: python -m compiler compile --resume-from {tmp_path / 'decompose.stage'}" in err
@@ -152,5 +152,5 @@ def test_a_resume_under_other_library_versions_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(
         "compiler.api.dependency_versions", lambda: {**installed, "executorch": "9.9.9"}
     )
-    report = compiler.run_pipeline(None, resume_from=tmp_path / "01-capture.stage", stop_after="fold").report
+    report = compiler.compile(None, resume_from=tmp_path / "01-capture.stage", stop_after="fold").report
     assert [str(o) for o in report.overrides] == [f"versions.executorch: {installed['executorch']!r} -> '9.9.9'"]

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import compiler
-from compiler import cache as stage_cache
-from compiler.cache import ENTRY_SUFFIX, StageCache
-from compiler.cli import main
-from compiler.config import STAGE_NAMES
+from compiler.driver import cache as stage_cache
+from compiler.driver.cache import ENTRY_SUFFIX, StageCache
+from compiler.cli.main import main
+from compiler.driver.config import STAGE_NAMES
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.report import StageRecord
+from compiler.reporting.report import StageRecord
 from tests.conftest import AddMul  # a Linear XNNPACK takes and a cumsum it leaves
 
 AFTER_CAPTURE = list(STAGE_NAMES[1:])
@@ -146,11 +146,11 @@ def test_corrupt_entries_are_logged_ignored_and_rebuilt(tmp_path, caplog):
     with open(lower, "r+b") as f:  # truncate the lowered program
         f.truncate(os.path.getsize(lower) // 2)
 
-    with caplog.at_level(logging.WARNING, logger="compiler.cache"):
+    with caplog.at_level(logging.WARNING, logger="compiler.driver.cache"):
         rebuilt = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
     assert rebuilt.pte == cold.pte
     assert _cached(rebuilt) == AFTER_CAPTURE[: AFTER_CAPTURE.index("split_constants") + 1]
-    warnings = [r.getMessage() for r in caplog.records if r.name == "compiler.cache"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "compiler.driver.cache"]
     assert any("for emit" in w for w in warnings) and any("for lower" in w for w in warnings), warnings
     again = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
     assert _cached(again) == AFTER_CAPTURE and again.pte == cold.pte
@@ -173,9 +173,9 @@ def test_runs_that_must_see_every_stage_store_but_do_not_load(tmp_path):
 def test_stop_after_loads_the_stage_it_stops_at(tmp_path):
     model, inputs = _model()
     compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
-    run = compiler.run_pipeline(model, inputs, "xnnpack", cache_dir=str(tmp_path), stop_after="partition")
-    assert [r.stage for r in run.report.stages if r.cached] == ["fold", "dry_run", "decompose", "partition"]
-    assert type(run.result).__name__ == "PartitionedProgram" and run.artifacts["partition"] is run.result
+    result = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), stop_after="partition")
+    assert [r.stage for r in result.report.stages if r.cached] == ["fold", "dry_run", "decompose", "partition"]
+    assert type(result.artifact).__name__ == "PartitionedProgram" and result.stages["partition"] is result.artifact
 
 
 def _program(size: int, fill: int) -> ExecutorchProgram:
@@ -268,7 +268,7 @@ def test_a_fresh_process_emits_from_a_cached_core_ml_lowering(tmp_path):
         arguments = ["compile", "transformer:depth=1,dim=32", "--backend", "coreml",
                      "--cache-dir", str(tmp_path / "cache"), "--report-json", str(tmp_path / "r.json"), *flags]
         # The CLI in a fresh process, storing every stage (this model's stages are quick).
-        script = ("import sys; from compiler import cache; from compiler.cli import main; "
+        script = ("import sys; from compiler.driver import cache; from compiler.cli.main import main; "
                   f"cache.STORE_AFTER_SECONDS = 0.0; sys.exit(main({arguments!r}))")
         command = [sys.executable, "-c", script]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)

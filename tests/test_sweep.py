@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 import compiler
-from compiler import sweeps
-from compiler.cli import main
+from compiler.tools import sweeps
+from compiler.cli.main import main
 from compiler.ir.errors import UserInputError
 
 FAILING_FACTORY = textwrap.dedent(
@@ -137,7 +137,7 @@ def pool_sweep(tmp_path_factory):
 
 
 def test_a_two_worker_sweep_writes_what_single_compiles_write(pool_sweep):
-    from compiler.examples import resolve_model
+    from compiler.models.examples import resolve_model
 
     folder, *_ = pool_sweep
     module, inputs, _ = resolve_model("mlp:features=8,hidden=16")
@@ -216,7 +216,7 @@ def test_reading_jobs_imports_no_torch(tmp_path):
 
     (tmp_path / "jobs.yaml").write_text("- model: [mlp, convnet]\n  backend: [portable, xnnpack]\n")
     code = (
-        "import sys; from compiler import sweeps; import compiler.cli; "
+        "import sys; from compiler.tools import sweeps; import compiler.cli.main; "
         f"assert len(sweeps.expand_jobs({str(tmp_path / 'jobs.yaml')!r})) == 4; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

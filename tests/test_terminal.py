@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 
 import compiler
-from compiler.progress import LiveProgress
+from compiler.cli.live_progress import LiveProgress
 
 PROGRESS_LINE = re.compile(r"^\[\d/8\] \w+ +\d+\.\d\d s")
 
@@ -37,7 +37,7 @@ def test_a_compile_prints_progress_and_the_report_and_nothing_of_its_dependencie
 def test_verbose_shows_our_log_and_what_dependencies_printed():
     done = _cli("compile", "mlp", "--backend", "xnnpack", "--check", "-v")
     assert done.returncode == 0, done.stderr
-    assert "INFO compiler.driver: capture:" in done.stderr
+    assert "INFO compiler.driver.pipeline: capture:" in done.stderr
     assert "what dependencies printed" in done.stderr
     assert "cpuinfo" in done.stderr  # from C, on file descriptor 2, while the check loaded the program
 

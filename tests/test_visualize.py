@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from compiler.api import run_pipeline
+import compiler
 from compiler.ir.errors import UserInputError
-from compiler.ir.serialize import load_stage_file
-from compiler.visualize import INSTALL_HINT, explorer_graph, visualize
+from compiler.driver.stage_files import load_stage_file
+from compiler.tools.visualize import INSTALL_HINT, explorer_graph, visualize
 from test_html_report import Camera  # the uint8 camera model of the HTML report's tests
 
 needs_model_explorer = pytest.mark.skipif(
@@ -27,7 +27,7 @@ def partition_stage_file(tmp_path_factory):
     directory = tmp_path_factory.mktemp("stages")
     torch.manual_seed(0)
     image = torch.randint(0, 255, (1, 3, 32, 32), dtype=torch.uint8)
-    run_pipeline(Camera().eval(), (image,), "coreml", stop_after="split_constants", dump_dir=str(directory))
+    compiler.compile(Camera().eval(), (image,), "coreml", stop_after="split_constants", dump_dir=str(directory))
     (path,) = directory.glob("*-partition.stage")
     return path
 

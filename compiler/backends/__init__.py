@@ -1,4 +1,5 @@
-"""Backends by name. Each backend is its own package; this maps names to them.
+"""Backends by name. Each backend is its own package; `compiler.ir.targets` holds one
+entry per backend (name, display name, package, delegate id, reference runner).
 
 Packages are imported on first use, so a backend whose dependencies are heavy
 costs nothing until it is asked for; this module itself imports no torch, so the
@@ -11,61 +12,34 @@ import importlib
 from typing import TYPE_CHECKING, Any, Mapping
 
 from compiler.ir.errors import UserInputError
+from compiler.ir.targets import BY_DELEGATE_ID, BY_NAME
 
 if TYPE_CHECKING:
     from compiler.backends.base import Backend
 
-_REGISTRY = {
-    "portable": "compiler.backends.portable:PortableBackend",
-    "xnnpack": "compiler.backends.xnnpack:XnnpackBackend",
-    "coreml": "compiler.backends.coreml:CoreMLBackend",
-    "mlx": "compiler.backends.mlx:MLXBackend",
-}
-
-
-# Delegate id -> the class that runs its payloads in the reference executor
-# (`compiler/reference.py`), for delegates the pip runtime lacks:
-# `Runner(payload: bytes, executor)` once per delegate, with `.graph_inputs` (how many of
-# the call's arguments are inputs) and `.execute(inputs) -> outputs` per call.
-_DELEGATE_RUNNERS: dict[str, str] = {
-    "MLXBackend": "compiler.backends.mlx.reference:MLXDelegate",
-    "CoreMLBackend": "compiler.backends.coreml.reference:CoreMLDelegate",
-}
-
-
-# Delegate id -> the backend package that makes its payloads; a package may say where
-# they run (`RUNS_ON`) for the error a machine that cannot run them gives.
-_DELEGATE_PACKAGES: dict[str, str] = {
-    "CoreMLBackend": "compiler.backends.coreml",
-    "MLXBackend": "compiler.backends.mlx",
-    "XnnpackBackend": "compiler.backends.xnnpack",
-}
-
-
 def runs_on(delegate_id: str) -> str:
-    """Where payloads of this delegate run, as its backend package says."""
-    package = _DELEGATE_PACKAGES.get(delegate_id)
-    where = getattr(importlib.import_module(package), "RUNS_ON", None) if package else None
-    return where or f"a device whose ExecuTorch runtime has the {delegate_id} delegate"
+    """Where payloads of this delegate run, as its backend's entry says."""
+    target = BY_DELEGATE_ID.get(delegate_id)
+    return (target and target.runs_on) or f"a device whose ExecuTorch runtime has the {delegate_id} delegate"
 
 
 def delegate_runner(delegate_id: str):
     """The reference executor's runner class for this delegate's payloads, or None."""
-    found = _DELEGATE_RUNNERS.get(delegate_id)
-    if found is None:
+    target = BY_DELEGATE_ID.get(delegate_id)
+    if target is None or target.reference_runner is None:
         return None
-    module_name, class_name = found.split(":")
+    module_name, class_name = target.reference_runner.split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
 def available() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return tuple(BY_NAME)
 
 
 def load(name: str) -> type[Backend]:
     """The class of the backend named `name` (importing its package and dependencies)."""
-    module_name, class_name = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    target = BY_NAME[name]
+    return getattr(importlib.import_module(target.package), target.class_name)
 
 
 def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) -> Backend:
@@ -79,10 +53,10 @@ def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) ->
                 hint="build the backend object with those options instead",
             )
         return backend
-    if not isinstance(backend, str) or backend not in _REGISTRY:
+    if not isinstance(backend, str) or backend not in BY_NAME:
         raise UserInputError(
             f"unknown backend {backend!r}",
-            hint=f"use one of: {', '.join(_REGISTRY)}, or pass a compiler.backends.Backend object",
+            hint=f"use one of: {', '.join(BY_NAME)}, or pass a compiler.backends.Backend object",
         )
     backend_class = load(backend)
     known = backend_class.option_names()

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from compiler.private_api import aten_overload, executorch_sym_ops, is_edge_op
+from compiler.ir.private_api import aten_overload, executorch_sym_ops, is_edge_op
 
 ATEN = "aten"
 EDGE = "edge"

@@ -304,17 +304,34 @@ def pte_operators_registered(artifact) -> Violation | None:
     return _violation_if_any(bad, "the .pte calls operators the ExecuTorch runtime does not register")
 
 
+# Delegate id -> (a check of one of its payloads: the faults found, none when it is sound; what
+# such a fault means). A backend registers its own when its package loads, so this layer
+# knows no backend (the Core ML backend: no MIL op adds an epsilon the program does not).
+PayloadCheck = Callable[[bytes], list[str]]
+_PAYLOAD_CHECKS: dict[str, tuple[PayloadCheck, str]] = {}
+
+
+def register_payload_check(backend_id: str, means: str) -> Callable[[PayloadCheck], PayloadCheck]:
+    def register(check: PayloadCheck) -> PayloadCheck:
+        _PAYLOAD_CHECKS[backend_id] = (check, means)
+        return check
+
+    return register
+
+
 @invariant(
-    "a conversion of a torch op made a MIL op that adds an epsilon to its input, which changes "
-    "the numbers (1 / x computed as 1 / (x + 1e-4)); keep the torch op on the CPU and report it"
+    "a backend's conversion of a torch op made a payload that computes other numbers than the "
+    "program (e.g. 1 / x computed as 1 / (x + 1e-4)); keep the torch op on the CPU and report it"
 )
-def core_ml_payloads_add_no_epsilon(artifact) -> Violation | None:
+def delegate_payloads_pass_their_backend_checks(artifact) -> Violation | None:
     from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-    from compiler.backends.coreml.payload import BACKEND_ID, ops_adding_an_epsilon, read_model
-
-    bad = []
+    bad, meanings = [], []
     for name, module in artifact.program.graph_module.named_children():
-        if isinstance(module, LoweredBackendModule) and module.backend_id == BACKEND_ID:
-            bad += [f"{name}: {op}" for op in ops_adding_an_epsilon(read_model(module.processed_bytes))]
-    return _violation_if_any(bad, "a Core ML payload computes f(x + epsilon) where the program computes f(x)")
+        if isinstance(module, LoweredBackendModule) and module.backend_id in _PAYLOAD_CHECKS:
+            check, means = _PAYLOAD_CHECKS[module.backend_id]
+            found = check(module.processed_bytes)
+            bad += [f"{name}: {fault}" for fault in found]
+            if found and means not in meanings:
+                meanings.append(means)
+    return _violation_if_any(bad, "; ".join(meanings))

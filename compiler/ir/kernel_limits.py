@@ -17,7 +17,7 @@ from typing import Callable
 import attrs
 import torch
 
-from compiler.private_api import aten_overload
+from compiler.ir.private_api import aten_overload
 
 
 @attrs.frozen

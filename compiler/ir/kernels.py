@@ -29,7 +29,7 @@ from torchgen.model import SchemaKind
 from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.dialects.edge.op.api import to_variant
 
-from compiler.private_api import (
+from compiler.ir.private_api import (
     aten_overload,
     executorch_sym_ops,
     native_schema,

@@ -19,18 +19,18 @@ from executorch.exir.backend.partitioner import DelegationSpec
 
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import DELEGATION_TAG, op_nodes
+from compiler.ir.targets import BY_DELEGATE_ID
 
 CPU = "cpu"
 
-# What a user calls each delegate ExecuTorch names by backend id.
-BACKEND_NAMES = {"CoreMLBackend": "Core ML", "XnnpackBackend": "XNNPACK", "MLXBackend": "MLX"}
 # Op namespaces whose CPU kernels are ExecuTorch's portable kernels.
 _PORTABLE_NAMESPACES = ("aten", "dim_order_ops")
 
 
 def backend_name(backend_id: str) -> str:
     """The name a user knows a delegate by (`CoreMLBackend` -> `Core ML`)."""
-    return BACKEND_NAMES.get(backend_id, backend_id)
+    target = BY_DELEGATE_ID.get(backend_id)
+    return target.display_name if target else backend_id
 
 
 def cpu_kernel(op: str) -> str:

@@ -1,33 +1,64 @@
-"""The stages, in pipeline order (the order `compiler.config.STAGE_NAMES` registers):
-it drives `stop_after`, `resume_from`, the dump file names and the CLI choices.
+"""The one table of stages, in pipeline order.
+
+Each row names a stage, the class that runs it (in `compiler/stages/<name>.py`) and its
+options class (`compiler.stages.options`). The configuration's stage options, the CLI's
+choices, `stop_after`, the README's option table and the dump file names all derive
+from it: adding a stage is one row here and its module. This module is light (no
+torch), so the CLI can build its flags before torch loads; `default_stages()` imports
+the stages themselves.
 """
 
 from __future__ import annotations
 
-from compiler.config import STAGE_NAMES, STAGE_OPTIONS, NoOptions
-from compiler.stages.base import Stage, StageContext
-from compiler.stages.capture import Capture
-from compiler.stages.decompose import Decompose
-from compiler.stages.dry_run import DryRun
-from compiler.stages.emit import Emit
-from compiler.stages.fold import Fold
-from compiler.stages.lower import Lower
-from compiler.stages.partition import Partition
-from compiler.stages.split_constants import SplitConstants
+import importlib
+from typing import TYPE_CHECKING
 
-DEFAULT_STAGES: tuple[Stage, ...] = (
-    Capture(),
-    Fold(),
-    DryRun(),
-    Decompose(),
-    Partition(),
-    SplitConstants(),
-    Lower(),
-    Emit(),
+import attrs
+
+from compiler.stages.options import CaptureOptions, DryRunOptions, EmitOptions, FoldOptions, NoOptions
+
+if TYPE_CHECKING:
+    from compiler.stages.base import Stage
+
+
+@attrs.frozen
+class StageRow:
+    name: str  # also the module: compiler/stages/<name>.py
+    class_name: str
+    options: type = NoOptions
+
+    @property
+    def module(self) -> str:
+        return f"{__name__}.{self.name}"
+
+    def load(self) -> type[Stage]:
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+
+STAGES: tuple[StageRow, ...] = (
+    StageRow("capture", "Capture", CaptureOptions),
+    StageRow("fold", "Fold", FoldOptions),
+    StageRow("dry_run", "DryRun", DryRunOptions),
+    StageRow("decompose", "Decompose"),
+    StageRow("partition", "Partition"),
+    StageRow("split_constants", "SplitConstants"),
+    StageRow("lower", "Lower"),
+    StageRow("emit", "Emit", EmitOptions),
 )
 
-assert tuple(s.name for s in DEFAULT_STAGES) == STAGE_NAMES, "compiler.config.STAGE_NAMES is the pipeline's order"
-assert all(s.options is STAGE_OPTIONS.get(s.name, NoOptions) for s in DEFAULT_STAGES), "a stage's options are registered"
+STAGE_NAMES: tuple[str, ...] = tuple(row.name for row in STAGES)
+
+# Stage name -> its options class, for the stages that take any.
+STAGE_OPTIONS = {row.name: row.options for row in STAGES if row.options is not NoOptions}
 
 
-__all__ = ["DEFAULT_STAGES", "STAGE_NAMES", "Stage", "StageContext"]
+def row_for_module(module: str) -> StageRow | None:
+    return next((row for row in STAGES if row.module == module), None)
+
+
+def default_stages() -> tuple[Stage, ...]:
+    """The pipeline's stages, one instance each (importing them, torch and ExecuTorch with them)."""
+    return tuple(row.load()() for row in STAGES)
+
+
+__all__ = ["STAGES", "STAGE_NAMES", "STAGE_OPTIONS", "StageRow", "default_stages"]

@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 import attrs
 
 from compiler.backends.base import Backend
-from compiler.config import NoOptions
+from compiler.stages import row_for_module
+from compiler.stages.options import NoOptions
 
 
 @attrs.define
@@ -21,26 +22,34 @@ class StageContext:
     options: Any = attrs.field(factory=NoOptions)
     # The run option `dependency_checks`: let dependencies repeat their own checks (lower).
     dependency_checks: bool = False
-    # Numbers the stage wants in the report (e.g. constants folded); filled by `run`.
+    # Numbers the stage wants in the report (e.g. constants folded); filled by `apply`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
 
 
 class Stage(abc.ABC):
-    """Declared in one line: `class Fold(Stage, name="fold", takes=AtenProgram,
-    returns=AtenProgram, options=FoldOptions)`."""
+    """Declared in one line: `class Fold(Stage, takes=AtenProgram, returns=AtenProgram)`; a
+    stage of the table (`compiler.stages.STAGES`) takes its name and options from its row,
+    one of a pipeline of the caller's names them (`name=`, `options=`)."""
 
     name: ClassVar[str]
     takes: ClassVar[type]
     returns: ClassVar[type]
-    # The options this stage reads (a frozen attrs class from compiler.config).
+    # The options this stage reads (a frozen attrs class, `compiler.stages.options`).
     options: ClassVar[type] = NoOptions
 
-    def __init_subclass__(cls, *, name: str, takes: type, returns: type, options: type = NoOptions, **kwargs) -> None:
+    def __init_subclass__(
+        cls, *, takes: type, returns: type, name: str | None = None, options: type | None = None, **kwargs
+    ) -> None:
         super().__init_subclass__(**kwargs)
-        cls.name, cls.takes, cls.returns, cls.options = name, takes, returns, options
+        row = row_for_module(cls.__module__) if name is None else None
+        if name is None and row is None:
+            raise TypeError(f"stage {cls.__qualname__} is not in compiler.stages.STAGES: give it a name=")
+        cls.name = row.name if row else name
+        cls.options = row.options if row else (options or NoOptions)
+        cls.takes, cls.returns = takes, returns
 
     @abc.abstractmethod
-    def run(self, artifact: Any, ctx: StageContext) -> Any:
+    def apply(self, artifact: Any, ctx: StageContext) -> Any:
         """Turn an artifact of type `takes` into one of type `returns`."""
 
     def check_options(self, options: Any) -> None:

@@ -78,7 +78,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from compiler.config import CaptureOptions
+from compiler.stages.options import CaptureOptions
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
@@ -384,8 +384,8 @@ def _capture_error(model: EagerModel, exc: Exception) -> CaptureError:
     )
 
 
-class Capture(Stage, name="capture", takes=EagerModel, returns=AtenProgram, options=CaptureOptions):
-    def run(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
+class Capture(Stage, takes=EagerModel, returns=AtenProgram):
+    def apply(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
         try:
             with torch.no_grad():
                 program = torch.export.export(

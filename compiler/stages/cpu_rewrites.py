@@ -19,7 +19,7 @@ from torch._guards import detect_fake_mode
 
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.kernel_limits import KERNEL_LIMITS, kernel_limit
-from compiler.private_api import edge_ops
+from compiler.ir.private_api import edge_ops
 
 logger = logging.getLogger(__name__)
 

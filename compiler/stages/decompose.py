@@ -36,7 +36,6 @@ so every `view` that may read such a value is decomposed as a `reshape` (`views_
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import types
@@ -50,13 +49,14 @@ from torch.utils import _pytree as pytree
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
-from compiler.private_api import (
+from compiler.ir.private_api import (
     default_decomposition_table,
     no_decompose_op,
     ops_allowed_not_to_decompose,
     restore_no_decompose_ops,
 )
 from compiler.stages.base import Stage, StageContext
+from compiler.stages.shared import unbacked_symbols_kept_in
 from compiler.stages.edge_conversion import fake_mode, fake_result, generate_edge_program, strides
 
 logger = logging.getLogger(__name__)
@@ -408,35 +408,19 @@ def decompose(
     return decomposed, sorted({node.target for node in kept}, key=str)
 
 
-@contextlib.contextmanager
-def _unbacked_symbols_kept_in(program: ExportedProgram):
-    """Tracing a data-dependent size leaves a fresh unbacked symbol pending in the shape
-    environment the program shares with every trace of it; left there, the next trace
-    (the decompose stage after a dry run that dropped a node) fails with "Pending unbacked
-    symbols {u4, ...} not in returned outputs"."""
-    mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in program.graph.nodes])
-    shape_env = getattr(mode, "shape_env", None)
-    before = list(shape_env.pending_fresh_unbacked_symbols) if shape_env is not None else None
-    try:
-        yield
-    finally:
-        if shape_env is not None:
-            shape_env.pending_fresh_unbacked_symbols[:] = before
-
-
 def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[str]) -> EdgeProgram:
     """The Edge program for `program`, keeping whole the nodes named (the dry run uses this too)."""
-    with _unbacked_symbols_kept_in(program):
+    with unbacked_symbols_kept_in(program):
         decomposed, preserved = decompose(program, keep_nodes)
         edge, _ = generate_edge_program(decomposed, preserved)
     return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
 
 
-class Decompose(Stage, name="decompose", takes=PlannedProgram, returns=EdgeProgram):
+class Decompose(Stage, takes=PlannedProgram, returns=EdgeProgram):
     """Keeps whole exactly what the dry run planned; never asks the backend again. When the dry
     run already made this very decomposition (it dropped nothing), that is the output."""
 
-    def run(self, planned: PlannedProgram, ctx: StageContext) -> EdgeProgram:
+    def apply(self, planned: PlannedProgram, ctx: StageContext) -> EdgeProgram:
         if planned.decomposed is not None:
             ctx.metrics["from_dry_run"] = True
             return planned.decomposed

@@ -40,19 +40,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.backends.base import Backend, KeepWhole
-from compiler.config import DryRunOptions
+from compiler.stages.options import DryRunOptions
 from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.decompose import (
-    _unbacked_symbols_kept_in,
-    full_decomposition_table,
-    keepable,
-    to_edge_program,
-)
+from compiler.stages.decompose import full_decomposition_table, keepable, to_edge_program
 from compiler.stages.partition import partition
+from compiler.stages.shared import unbacked_symbols_kept_in
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +198,7 @@ def open_composites(program: ExportedProgram, backend: Backend) -> tuple[Exporte
     composites = composites_holding(program, keepable(keep.ops) if keep.ops else set())
     if not composites:
         return program, []
-    with _unbacked_symbols_kept_in(program):
+    with unbacked_symbols_kept_in(program):
         opened = program.run_decompositions(composites)
     return opened, sorted(op_name(op) for op in composites)
 
@@ -262,12 +258,12 @@ def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Nod
     return (None, because) if because else (f"the {backend.name} backend takes every kept op", None)
 
 
-class DryRun(Stage, name="dry_run", takes=AtenProgram, returns=PlannedProgram, options=DryRunOptions):
+class DryRun(Stage, takes=AtenProgram, returns=PlannedProgram):
     """Its answer is the keep-whole plan on the artifact it returns (saved in stage files):
     the later stages decompose and partition from that plan alone, so a resumed run and an
     uninterrupted one run the same code."""
 
-    def run(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
+    def apply(self, aten: AtenProgram, ctx: StageContext) -> PlannedProgram:
         program, opened = open_composites(aten.program, ctx.backend)
         if opened:
             ctx.metrics["opened"] = ", ".join(opened)

@@ -60,7 +60,7 @@ from torch.utils import _pytree as pytree
 
 from compiler.ir.dialect import ATEN, op_dialect
 from compiler.ir.errors import CompileError
-from compiler.private_api import (
+from compiler.ir.private_api import (
     aten_to_edge_passes,
     is_edge_op,
     lift_constant_tensor_pass,

@@ -9,12 +9,12 @@ from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
 
-from compiler.config import EmitOptions
+from compiler.stages.options import EmitOptions
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
-from compiler.private_api import delegate_outputs_from_call_sites, deserialize_pte
+from compiler.ir.private_api import delegate_outputs_from_call_sites, deserialize_pte
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.lower import METHOD
+from compiler.stages.shared import METHOD
 
 
 def _operator_name(op) -> str:
@@ -62,8 +62,8 @@ def keep_initial_state(program: ExportedProgram) -> list[str]:
     return [target for _, target in marked]
 
 
-class Emit(Stage, name="emit", takes=LoweredProgram, returns=ExecutorchProgram, options=EmitOptions):
-    def run(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
+class Emit(Stage, takes=LoweredProgram, returns=ExecutorchProgram):
+    def apply(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
         # to_executorch rewrites the graph in place (memory planning, out variants):
         # give it a copy so the lowered artifact stays what the lower stage returned.
         # Verification is ours (verify-each); ExecuTorch's own check would repeat it.

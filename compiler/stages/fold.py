@@ -37,13 +37,13 @@ from torch.utils import _pytree as pytree
 
 from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge
 
-from compiler.config import FoldOptions
+from compiler.stages.options import FoldOptions
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program, lift_constant, mutated_buffer_targets, written_arguments
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
-from compiler.private_api import aten_overload, edge_ops, quant_primitives
+from compiler.ir.private_api import aten_overload, edge_ops, quant_primitives
 from compiler.stages.base import Stage, StageContext
 
 exir_ops = edge_ops()
@@ -403,12 +403,12 @@ def resolve_op(op: Any) -> Any:
         ) from exc
 
 
-class Fold(Stage, name="fold", takes=AtenProgram, returns=AtenProgram, options=FoldOptions):
+class Fold(Stage, takes=AtenProgram, returns=AtenProgram):
     def check_options(self, options: FoldOptions) -> None:
         for op in options.skip_ops:
             resolve_op(op)
 
-    def run(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
+    def apply(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
         given = frozenset(resolve_op(op) for op in ctx.options.skip_ops)
         skip = given if ctx.options.replace_skip_ops else default_skip_ops(ATEN) | given
         folding = needs_folding(program.program, skip)

@@ -16,14 +16,13 @@ from torch.export import ExportedProgram
 from executorch.exir.backend.backend_api import MethodProgramsPartitionerSpec, to_backend
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 
-from compiler.collector import collect
+from compiler.process.collector import collect
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
-from compiler.private_api import exported_program_validation_skipped
+from compiler.ir.private_api import exported_program_validation_skipped
 from compiler.stages.base import Stage, StageContext
-
-METHOD = "forward"
+from compiler.stages.shared import METHOD
 
 
 class ReplayPartitioner(Partitioner):
@@ -42,8 +41,8 @@ class ReplayPartitioner(Partitioner):
         return PartitionResult(exported_program, dict(self.plan.partitions))
 
 
-class Lower(Stage, name="lower", takes=SplitProgram, returns=LoweredProgram):
-    def run(self, partitioned: SplitProgram, ctx: StageContext) -> LoweredProgram:
+class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
+    def apply(self, partitioned: SplitProgram, ctx: StageContext) -> LoweredProgram:
         if not partitioned.plan.partitions:
             return LoweredProgram(partitioned.program, partitioned.plan, partitioned.preserved_ops)
         spec = MethodProgramsPartitionerSpec(

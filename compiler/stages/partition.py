@@ -96,8 +96,8 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     return PartitionedProgram(program, plan, edge.preserved_ops, refused)
 
 
-class Partition(Stage, name="partition", takes=EdgeProgram, returns=PartitionedProgram):
-    def run(self, edge: EdgeProgram, ctx: StageContext) -> PartitionedProgram:
+class Partition(Stage, takes=EdgeProgram, returns=PartitionedProgram):
+    def apply(self, edge: EdgeProgram, ctx: StageContext) -> PartitionedProgram:
         if edge.searched is not None:
             ctx.metrics["search_from_dry_run"] = True
             return edge.searched

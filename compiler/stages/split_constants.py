@@ -89,8 +89,8 @@ def split_constants(ep: ExportedProgram) -> int:
     return copies
 
 
-class SplitConstants(Stage, name="split_constants", takes=PartitionedProgram, returns=SplitProgram):
-    def run(self, partitioned: PartitionedProgram, ctx: StageContext) -> SplitProgram:
+class SplitConstants(Stage, takes=PartitionedProgram, returns=SplitProgram):
+    def apply(self, partitioned: PartitionedProgram, ctx: StageContext) -> SplitProgram:
         if not needs_split(partitioned.program):
             ctx.metrics["copies"] = 0
             return SplitProgram(

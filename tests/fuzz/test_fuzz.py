@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from compiler.fuzz import campaign, oracle
-from compiler.fuzz.programs import Program, Reproducer, Value, programs
+from compiler.tools.fuzz import campaign, oracle
+from compiler.tools.fuzz.programs import Program, Reproducer, Value, programs
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "cases", "*.py")))
 # A campaign per backend in the default run: small, fixed (the seed replays it exactly).
@@ -17,7 +17,7 @@ CI_EXAMPLES = {"portable": 20, "xnnpack": 20, "mlx": 20, "coreml": 12}
 
 @pytest.mark.parametrize("backend", list(CI_EXAMPLES))
 def test_random_programs_compile_or_are_refused_by_name_and_match_eager(backend, tmp_path):
-    run = campaign.run(backend, CI_EXAMPLES[backend], campaign_seed=11, out_dir=str(tmp_path), with_stock=False)
+    run = campaign.fuzz(backend, CI_EXAMPLES[backend], campaign_seed=11, out_dir=str(tmp_path), with_stock=False)
     assert len(run.cases) == CI_EXAMPLES[backend]
     shrunk = "\n\n".join(open(c.reproducer).read() for c in run.shrunk)
     assert not run.failures, f"{run.table()}\n{run.details()}\n\nshrunk:\n{shrunk}"
@@ -97,7 +97,7 @@ def test_a_campaign_counts_every_program_once_shrinks_a_failure_and_writes_repro
         return oracle.Outcome(oracle.OK)
 
     monkeypatch.setattr(oracle, "ours", fake_ours)
-    run = campaign.run("portable", 80, campaign_seed=5, out_dir=str(tmp_path), with_stock=False)
+    run = campaign.fuzz("portable", 80, campaign_seed=5, out_dir=str(tmp_path), with_stock=False)
     assert len(run.cases) == 80
     assert run.failures, "80 programs hold a softmax"
     assert all(os.path.exists(c.reproducer) for c in run.failures)

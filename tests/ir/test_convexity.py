@@ -14,7 +14,7 @@ from compiler.ir.placement import PlacementPlan
 
 def tagged(module, tags: dict[str, str]) -> PartitionedProgram:
     """`module`'s Edge program with its op nodes tagged by name (node name -> tag)."""
-    edge = compiler.compile(module, (torch.randn(3, 4),), stop_after="decompose")
+    edge = compiler.compile(module, (torch.randn(3, 4),), stop_after="decompose").artifact
     program = copy_program(edge.program)
     for node in op_nodes(program):
         if node.name in tags:

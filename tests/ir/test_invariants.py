@@ -19,7 +19,7 @@ from compiler.ir.artifacts import (
     PlannedProgram,
     SplitProgram,
 )
-from compiler.instruments import VerifyEach
+from compiler.driver.instruments import VerifyEach
 from compiler.ir.errors import VerificationError
 from compiler.ir.placement import PlacementPlan
 from executorch.exir.dialects._ops import ops as exir_ops
@@ -40,7 +40,7 @@ def aten_program():
 
 
 def edge_program():
-    return compiler.compile(CloneOut(), (torch.randn(2, 3),), stop_after="decompose")
+    return compiler.compile(CloneOut(), (torch.randn(2, 3),), stop_after="decompose").artifact
 
 
 def test_good_programs_pass_every_invariant():
@@ -131,7 +131,7 @@ class Counter(torch.nn.Module):
 
 
 def test_mutable_buffer_split_between_delegate_and_cpu_is_refused():
-    edge = compiler.compile(Counter(), (torch.ones(3),), stop_after="decompose")
+    edge = compiler.compile(Counter(), (torch.ones(3),), stop_after="decompose").artifact
     program = edge.program
     buffer = next(n for n in program.graph.nodes if n.name == "b_count")
     users = list(buffer.users)
@@ -215,7 +215,7 @@ class Uint8Frame(torch.nn.Module):
 
 
 def test_delegate_reading_refused_dtype_is_refused():
-    edge = compiler.compile(Uint8Frame(), (torch.zeros(4, dtype=torch.uint8),), stop_after="decompose")
+    edge = compiler.compile(Uint8Frame(), (torch.zeros(4, dtype=torch.uint8),), stop_after="decompose").artifact
     program = edge.program
     for node in program.graph.nodes:
         if node.op == "call_function":
@@ -279,7 +279,7 @@ def test_a_captured_view_fails_verification_unless_capture_gave_it_storage():
         VerifyEach().after_stage("fold", None, exported)
     assert err.value.invariant == "constants_own_their_bytes" and err.value.stage == "fold"
     assert err.value.nodes[0].startswith("rows ")
-    artifact = compiler.compile(SlicedTable(), (torch.randn(4, 8),), "xnnpack", stop_after="capture")
+    artifact = compiler.compile(SlicedTable(), (torch.randn(4, 8),), "xnnpack", stop_after="capture").artifact
     assert artifact.program.state_dict["rows"].storage_offset() == 0
 
 
@@ -308,7 +308,7 @@ def test_a_vmap_region_is_refused_by_name():
     exported = torch.export.export(VmapOuter(), (torch.randn(3, 4),), strict=False)
     with pytest.raises(VerificationError, match="no_transform_regions"):
         inv.no_transform_regions.verify(AtenProgram(exported), stage="capture")
-    captured = compiler.compile(VmapOuter(), (torch.randn(3, 4),), stop_after="capture")
+    captured = compiler.compile(VmapOuter(), (torch.randn(3, 4),), stop_after="capture").artifact
     inv.no_transform_regions.verify(captured, stage="capture")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import compiler
 from compiler.ir.placement import BackendShare, NodePlacement, PlacementPlan
-from compiler.ir.report import Report, StageRecord, metric_phrase
+from compiler.reporting.report import Report, StageRecord, metric_phrase
 from compiler.stages import STAGE_NAMES
 from executorch.exir.backend.partitioner import DelegationSpec
 

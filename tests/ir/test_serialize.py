@@ -11,8 +11,8 @@ import torch
 
 import compiler
 from compiler.backends.portable import PortableBackend
-from compiler.instruments import DumpStages
-from compiler.ir.serialize import load_stage_file
+from compiler.driver.instruments import DumpStages
+from compiler.driver.stage_files import load_stage_file
 from compiler.stages import STAGE_NAMES
 
 
@@ -53,7 +53,7 @@ def test_dump_and_resume_of_symbolic_floats_gives_the_same_pte(tmp_path, stop):
 
 def test_loaded_program_has_its_symbolic_floats_back(tmp_path):
     model, inputs = ScaledBySum(), (torch.randn(4), torch.randn(4))
-    saved = compiler.compile(model, inputs, "portable", stop_after="fold", dump_dir=tmp_path).program
+    saved = compiler.compile(model, inputs, "portable", stop_after="fold", dump_dir=tmp_path).artifact.program
     loaded = load_stage_file(_stage_file(tmp_path, "fold")).artifact.program
 
     def values(program):
@@ -93,9 +93,9 @@ def test_a_stage_file_the_serializer_refuses_costs_the_dump_not_the_compile(smal
         raise RuntimeError("Unable to serialize output")
 
     model, inputs = small_model
-    monkeypatch.setattr("compiler.ir.serialize.save_stage_file", refuse)
+    monkeypatch.setattr("compiler.driver.stage_files.save_stage_file", refuse)
     dump = DumpStages(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="compiler.instruments"):
+    with caplog.at_level(logging.WARNING, logger="compiler.driver.instruments"):
         artifact = compiler.compile(model, inputs, "portable", instruments=[dump])
     assert artifact.pte
     assert [e.stage for e in dump.failures] == [s for s in STAGE_NAMES if s != "emit"]
@@ -113,7 +113,7 @@ class NamedTupleOutputs(torch.nn.Module):
 
 def test_outputs_that_are_return_types_round_trip_through_a_stage_file(tmp_path):
     model, x = NamedTupleOutputs(), torch.randn(3, 5)
-    saved = compiler.compile(model, (x,), "portable", stop_after="decompose", dump_dir=tmp_path).program
+    saved = compiler.compile(model, (x,), "portable", stop_after="decompose", dump_dir=tmp_path).artifact.program
     loaded = load_stage_file(_stage_file(tmp_path, "decompose")).artifact.program
     spec = loaded.module_call_graph[0].signature.out_spec
     assert spec == saved.module_call_graph[0].signature.out_spec

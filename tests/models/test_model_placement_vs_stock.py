@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("transformers")
 
 import compiler
-from compiler import model_suite
-from compiler.fuzz.oracle import stock_partitioners
+from compiler.models import model_suite
+from compiler.tools.fuzz.oracle import stock_partitioners
 from compiler.stages.emit import pte_calls
 
 pytestmark = pytest.mark.models

@@ -1,6 +1,6 @@
 """The transformers model suite: each model compiles for every backend and matches eager.
 
-Models are built from configs with random weights (compiler.model_suite); nothing is
+Models are built from configs with random weights (compiler.models.model_suite); nothing is
 downloaded. Portable, XNNPACK and MLX programs run here (MLX through the reference
 runner); for Core ML the placement and the converted MIL are checked where they matter,
 and the image-text-to-text model runs through the MIL reference interpreter.
@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 import compiler
-from compiler import model_suite
+from compiler.models import model_suite
 from compiler.backends.coreml.payload import read_models
 
 pytestmark = pytest.mark.models

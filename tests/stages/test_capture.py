@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from compiler.ir.artifacts import EagerModel
-from compiler.config import CaptureOptions
+from compiler.stages.options import CaptureOptions
 from compiler.stages.base import StageContext
 from compiler.stages.capture import Capture
 
@@ -33,7 +33,7 @@ class TransposedParameter(torch.nn.Module):
 
 def _capture(module, inputs):
     ctx = StageContext(backend=None, options=CaptureOptions())
-    return Capture().run(EagerModel(module, inputs), ctx).program, ctx.metrics
+    return Capture().apply(EagerModel(module, inputs), ctx).program, ctx.metrics
 
 
 def _owns_its_bytes(tensor):

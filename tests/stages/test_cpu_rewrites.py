@@ -70,7 +70,7 @@ def test_conv3d_xnnpack_refuses_runs_on_the_cpu_rewritten_with_both_reasons():
 
 def test_a_delegated_conv3d_is_left_to_its_delegate():
     module, inputs = _conv3d(padding=1)
-    program = compiler.compile(module, inputs, backend="portable", stop_after="decompose").program
+    program = compiler.compile(module, inputs, backend="portable", stop_after="decompose").artifact.program
     (conv,) = [n for n in program.graph.nodes if "convolution" in str(n.target)]
     conv.meta[DELEGATION_TAG] = "tag0"  # as a delegate that takes 3-D convolutions (Core ML) tags it
     assert rewrite_for_cpu_kernels(program, lambda n: "") == {}
@@ -80,7 +80,7 @@ def test_a_delegated_conv3d_is_left_to_its_delegate():
 @pytest.mark.slow
 def test_core_ml_takes_the_conv3d_whole_and_it_is_not_rewritten():
     module, inputs = _conv3d(padding=1)
-    program = compiler.compile(module, inputs, backend="coreml", stop_after="partition").program
+    program = compiler.compile(module, inputs, backend="coreml", stop_after="partition").artifact.program
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     assert [op_name(n.target) for n in calls] == ["aten.conv3d.default"] and calls[0].meta.get(DELEGATION_TAG)
 

@@ -60,10 +60,10 @@ def test_node_filter_keeps_only_accepted_nodes_whole_and_leaves_the_input_unchan
         def forward(self, x):
             return self.b(self.a(x))
 
-    planned = compiler.compile(TwoLinears(), (torch.randn(2, 4),), KeepLinear(), stop_after="dry_run")
+    planned = compiler.compile(TwoLinears(), (torch.randn(2, 4),), KeepLinear(), stop_after="dry_run").artifact
     assert planned.keep_whole.nodes == {"linear"}
     before = [n.target for n in planned.program.graph.nodes]
-    edge = Decompose().run(planned, StageContext(KeepLinear()))
+    edge = Decompose().apply(planned, StageContext(KeepLinear()))
     ops = [op_name(n.target) for n in edge.program.graph.nodes if n.op == "call_function"]
     assert ops.count("aten.linear.default") == 1  # only the node the filter accepted
     assert "aten.addmm.default" in ops  # the other one decomposed

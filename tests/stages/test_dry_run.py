@@ -6,7 +6,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 import compiler
-import compiler.examples
+import compiler.models.examples
 import compiler.stages.dry_run as dry_run_module
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.coreml import CoreMLBackend
@@ -75,14 +75,14 @@ def test_dry_run_decomposes_a_kept_op_that_would_land_on_the_cpu():
 def test_dry_run_is_skipped_and_decomposes_nothing_on_a_plain_float_model(monkeypatch):
     calls = []
     monkeypatch.setattr(dry_run_module, "to_edge_program", lambda *a: calls.append(a))
-    model, args = compiler.examples.transformer(depth=1)
-    artifact = compiler.compile(model, args, "xnnpack", stop_after="dry_run")
+    model, args = compiler.models.examples.transformer(depth=1)
+    artifact = compiler.compile(model, args, "xnnpack", stop_after="dry_run").artifact
     assert artifact.keep_whole.skipped and not calls
     assert artifact.keep_whole.nodes  # the linears stay whole for XNNPACK
 
 
 def test_kept_nodes_are_the_ones_the_decompose_stage_keeps():
-    model, args = compiler.examples.mlp()
+    model, args = compiler.models.examples.mlp()
     artifact = compiler.compile(model, args, "xnnpack")
     kept = artifact.stages["dry_run"].keep_whole.nodes
     edge_ops = [op_name(n.target) for n in artifact.stages["decompose"].program.graph.nodes if n.op == "call_function"]

@@ -11,9 +11,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 import compiler
-from compiler import model_suite
-from compiler.examples import Transformer, transformer
-from compiler.stages.decompose import _unbacked_symbols_kept_in, decompose
+from compiler.models import model_suite
+from compiler.models.examples import Transformer, transformer
+from compiler.stages.decompose import decompose
+from compiler.stages.shared import unbacked_symbols_kept_in
 from compiler.stages.dry_run import _aten_origin
 from compiler.stages.edge_conversion import _finish_edge_ops, generate_edge_program
 from executorch.exir import EdgeCompileConfig, to_edge
@@ -111,9 +112,9 @@ def convert_both(model, inputs, backend):
     ATen node names kept whole."""
     programs = []
     for convert in ("stock", "ours"):
-        planned = compiler.compile(model, inputs, backend, stop_after="dry_run")
+        planned = compiler.compile(model, inputs, backend, stop_after="dry_run").artifact
         keep = planned.keep_whole.nodes
-        with _unbacked_symbols_kept_in(planned.program):  # as the decompose stage runs it
+        with unbacked_symbols_kept_in(planned.program):  # as the decompose stage runs it
             program, preserved = decompose(planned.program, keep)
             if convert == "stock":
                 edge = _generate_edge_program(EdgeCompileConfig(), program, preserve_ops=preserved)
@@ -141,14 +142,14 @@ def cases():
 def test_same_program_as_stock_conversion(name, model, inputs, dynamic):
     # Each conversion from its own capture: their symbols (unbacked ones are numbered as
     # they are made) then come from shape environments in the same state.
-    aten = compiler.compile(model, inputs, "xnnpack", stop_after="fold", dynamic_shapes=dynamic).program
+    aten = compiler.compile(model, inputs, "xnnpack", stop_after="fold", dynamic_shapes=dynamic).artifact.program
     keep = {n.name for n in aten.graph.nodes if n.target == torch.ops.aten.linear.default}
-    with _unbacked_symbols_kept_in(aten):  # as the decompose stage runs it
+    with unbacked_symbols_kept_in(aten):  # as the decompose stage runs it
         program, preserved = decompose(aten, keep)
         stock = _generate_edge_program(EdgeCompileConfig(), program, preserve_ops=preserved)
         _finish_edge_ops(stock)
-    aten = compiler.compile(model, inputs, "xnnpack", stop_after="fold", dynamic_shapes=dynamic).program
-    with _unbacked_symbols_kept_in(aten):
+    aten = compiler.compile(model, inputs, "xnnpack", stop_after="fold", dynamic_shapes=dynamic).artifact.program
+    with unbacked_symbols_kept_in(aten):
         program, preserved = decompose(aten, keep)
         ours, skipped = generate_edge_program(program, preserved)
     assert_same_program(ours, stock, unbacked=name == "unbacked")
@@ -198,7 +199,7 @@ def test_aten_program_unchanged():
     """The in-place rewrites change the decomposed program only: values it shares with the
     ATen program (which the decompose stage decomposes again after the dry run) stay as
     they were, grad flags included (SDPA's fake kernel picks its output layout by them)."""
-    planned = compiler.compile(*bench(1), "coreml", stop_after="dry_run")
+    planned = compiler.compile(*bench(1), "coreml", stop_after="dry_run").artifact
     before = [(n.name, _plain(n.meta.get("val"))) for n in planned.program.graph.nodes]
     program, preserved = decompose(planned.program, planned.keep_whole.nodes)
     generate_edge_program(program, preserved)

@@ -122,8 +122,8 @@ def test_emit_shares_the_delegates_and_leaves_the_lowered_program_as_it_was(back
     """Emit rewrites a copy of the lowered program; its delegates are shared with that copy,
     not copied (a copy builds each original program anew and validates every op of it), and
     nothing in `to_executorch` changes them."""
-    run = compiler.run_pipeline(TwoDelegates(), (torch.randn(4, 6, 8),), backend)
-    lowered = run.artifacts["lower"]
+    run = compiler.compile(TwoDelegates(), (torch.randn(4, 6, 8),), backend)
+    lowered = run.stages["lower"]
     delegates = {
         name: module for name, module in lowered.program.graph_module.named_modules() if hasattr(module, "original_module")
     }
@@ -145,5 +145,5 @@ def test_emit_shares_the_delegates_and_leaves_the_lowered_program_as_it_was(back
     monkeypatch.undo()
 
     context = StageContext(backends.resolve(backend, {}), run.config.options_for("emit"))
-    assert Emit().run(lowered, context).pte == run.result.pte
+    assert Emit().apply(lowered, context).pte == run.pte
     assert snapshot() == before

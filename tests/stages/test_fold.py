@@ -15,7 +15,7 @@ from torch._export.verifier import SpecViolationError
 import compiler
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import op_name
-from compiler.config import FoldOptions
+from compiler.stages.options import FoldOptions
 from compiler.stages.base import StageContext
 from compiler.stages.fold import Fold, fold_constants
 from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
@@ -30,7 +30,7 @@ def export(module, inputs):
 
 def fold(ep, **options):
     ctx = StageContext(backend=None, options=FoldOptions(**options))
-    return Fold().run(AtenProgram(ep), ctx).program, ctx.metrics
+    return Fold().apply(AtenProgram(ep), ctx).program, ctx.metrics
 
 
 def ops_of(ep):
@@ -219,7 +219,7 @@ def test_fold_numbers_are_in_the_stage_table():
 def test_nothing_to_fold_returns_the_input_unchanged():
     model = torch.nn.Linear(4, 4)
     program = AtenProgram(export(model, (torch.randn(2, 4),)))
-    assert Fold().run(program, StageContext(backend=None, options=FoldOptions())) is program
+    assert Fold().apply(program, StageContext(backend=None, options=FoldOptions())) is program
 
 
 class SlicedWeight(torch.nn.Module):

@@ -17,7 +17,7 @@ from coremltools.converters.mil.mil.program import Program
 from torch.export import ExportedProgram
 
 import compiler
-from compiler import examples
+from compiler.models import examples
 from compiler.backends.coreml.payload import coreml_payloads
 from compiler.ir.errors import StageFailure
 
@@ -142,7 +142,7 @@ def _break_block(var) -> None:
 def test_an_invalid_converted_program_fails_with_coremltools_error(monkeypatch):
     """A converter (such as one of our fixes) that leaves the MIL block invalid is caught
     where coremltools validates the converted program, before any pass runs on it."""
-    from compiler.private_api import coreml_converters
+    from compiler.ir.private_api import coreml_converters
 
     registry = coreml_converters()
     gelu = registry["gelu"]
@@ -208,7 +208,7 @@ def test_the_skip_is_per_thread_and_the_last_thread_out_restores(counts):
     comes back once both have left (in either order), also on an exception."""
     import threading
 
-    from compiler.private_api import exported_program_validation_skipped
+    from compiler.ir.private_api import exported_program_validation_skipped
 
     model, inputs = examples.mlp()
     program = torch_export(model, inputs)

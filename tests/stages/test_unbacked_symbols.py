@@ -79,7 +79,7 @@ def test_core_ml_compiles_with_scalars_read_at_run_time_on_the_cpu(name):
 
 def _edge_program_with_a_symbolic_float():
     with torch.no_grad():
-        return compiler.compile(*CASES["scale-by-sum"], "portable", stop_after="decompose").program
+        return compiler.compile(*CASES["scale-by-sum"], "portable", stop_after="decompose").artifact.program
 
 
 def test_stock_mlx_support_check_crashes_on_a_symbolic_float():

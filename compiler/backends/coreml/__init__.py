@@ -31,18 +31,16 @@ from executorch.backends.apple.coreml.partition import CoreMLPartitioner
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec
 
-from compiler import progress
+from compiler.reporting import progress
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.coreml import conversion, payload, rank, rules, search
-from compiler.collector import collect
+from compiler.process.collector import collect
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
-from compiler.private_api import coreml_payloads_rewritten, coreml_progress_bars, mil_pass_validation_skipped
+from compiler.ir.private_api import coreml_payloads_rewritten, coreml_progress_bars, mil_pass_validation_skipped
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
-# Where Core ML payloads run (the pip ExecuTorch runtime has no Core ML delegate).
-RUNS_ON = "an Apple device (macOS, iOS) whose ExecuTorch runtime is built with the Core ML delegate"
 STAGE = "partition"
 
 logger = logging.getLogger(__name__)

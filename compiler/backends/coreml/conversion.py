@@ -53,7 +53,7 @@ from coremltools.converters.mil.frontend.torch.ops import promote_input_dtypes
 from coremltools.converters.mil.mil import types
 
 from compiler.backends.coreml import fixes
-from compiler.private_api import coreml_converters, swap_coreml_converters
+from compiler.ir.private_api import coreml_converters, swap_coreml_converters
 
 Converter = Callable[..., None]
 

@@ -18,7 +18,8 @@ from typing import Iterator
 
 import attrs
 
-from compiler.private_api import deserialize_pte
+from compiler.ir.invariants import register_payload_check
+from compiler.ir.private_api import deserialize_pte
 
 
 BACKEND_ID = "CoreMLBackend"
@@ -139,6 +140,11 @@ def ops_adding_an_epsilon(model: CoreMLModel) -> list[str]:
             shown = f"{epsilon:.3g}" if isinstance(epsilon, float) else epsilon
             found.append(f"{op.name or op.type} ({op.type}, epsilon {shown})")
     return found
+
+
+@register_payload_check(BACKEND_ID, "a Core ML payload computes f(x + epsilon) where the program computes f(x)")
+def payload_adds_no_epsilon(payload: bytes) -> list[str]:
+    return ops_adding_an_epsilon(read_model(payload))
 
 
 def coreml_payloads(pte: bytes) -> Iterator[bytes]:

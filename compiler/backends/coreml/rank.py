@@ -25,7 +25,7 @@ from torch.export.graph_signature import TensorArgument
 
 from compiler.backends.coreml import rules
 from compiler.ir.dialect import op_name
-from compiler.private_api import edge_ops
+from compiler.ir.private_api import edge_ops
 
 exir_ops = edge_ops()
 

@@ -1,4 +1,4 @@
-"""The Core ML delegate runner of the reference executor (`compiler/reference.py`).
+"""The Core ML delegate runner of the reference executor (`compiler/running/reference.py`).
 
 The Core ML runtime exists only on Apple systems; here a Core ML payload's MIL program
 runs in the MIL reference interpreter (`interpreter.py`), bound to the delegate call the

@@ -27,7 +27,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.backends.coreml import fixes
 from compiler.ir.dialect import op_name
-from compiler.private_api import (
+from compiler.ir.private_api import (
     aten_overload,
     coreml_is_arg_min_max_over_flattened_input,
     coreml_unsupported_op_targets,

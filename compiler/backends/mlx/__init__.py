@@ -1,7 +1,7 @@
 """The MLX backend: ExecuTorch's MLX delegate, for Apple silicon.
 
 The ExecuTorch runtime's MLX delegate runs only on Apple silicon; here its
-payloads run in the reference executor (`compiler/reference.py`, with
+payloads run in the reference executor (`compiler/running/reference.py`, with
 `compiler.backends.mlx.reference`: the `mlx` package on the Linux CPU). The delegate's generated schema files are made on first use
 (see `generated.py`), which is why ExecuTorch's MLX modules are imported when
 a backend is built, not when this package is.
@@ -20,7 +20,7 @@ from compiler.backends.node_rules import first_refusal
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import state_not_starting_at_zero
-from compiler.private_api import mlx_include_sym_size_nodes, mlx_unsupported_reasons
+from compiler.ir.private_api import mlx_include_sym_size_nodes, mlx_unsupported_reasons
 
 # The delegate id ExecuTorch records in the program for MLX payloads.
 DELEGATE_ID = "MLXBackend"

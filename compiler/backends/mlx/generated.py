@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Iterator
 
 from compiler.ir.errors import CompileError
-from compiler.private_api import MLX_GENERATED_PACKAGE, fixup_flatc_imports
+from compiler.ir.private_api import MLX_GENERATED_PACKAGE, fixup_flatc_imports
 
 SETUP_COMMAND = f"{Path(sys.executable).name} -m compiler.backends.mlx.generated"
 _GENERATED_DIR = "_generated"

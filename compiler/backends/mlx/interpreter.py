@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from compiler.ir.errors import CompileError
-from compiler.private_api import mlx_generated_class, mlx_op_node_fields
+from compiler.ir.private_api import mlx_generated_class, mlx_op_node_fields
 
 _HEADER = 24
 _MAGIC = b"MLX0"

@@ -1,4 +1,4 @@
-"""The MLX delegate runner of the reference executor (`compiler/reference.py`):
+"""The MLX delegate runner of the reference executor (`compiler/running/reference.py`):
 ExecuTorch's MLX runtime is Apple-only, so an MLX payload runs here with `mlx.core`."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from torch.export import ExportedProgram
 
 from compiler.ir.dialect import op_name
-from compiler.private_api import edge_ops
+from compiler.ir.private_api import edge_ops
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from compiler.backends.mlx.rewrites import copy_mismatch, torch_nearest_scales
 from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
-from compiler.private_api import aten_overload, mlx_nearest_source_indices
+from compiler.ir.private_api import aten_overload, mlx_nearest_source_indices
 
 # Names under which ATen schemas take index tensors (index.Tensor, index_put,
 # _unsafe_index, index_select, gather, scatter, take_along_dim, index_copy, ...).

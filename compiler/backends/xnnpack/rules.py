@@ -55,7 +55,7 @@ from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import lift_constant
-from compiler.private_api import edge_ops
+from compiler.ir.private_api import edge_ops
 
 exir_ops = edge_ops()
 

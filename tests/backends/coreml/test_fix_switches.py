@@ -20,8 +20,8 @@ from compiler.backends.coreml import fixes
 from compiler.backends.coreml.fixes import fixes_off
 from compiler.backends.coreml.interpreter import MilInterpreterError, UnsupportedMilOp, load_programs
 from compiler.backends.coreml.reference import AliasedPayloadOutput
-from compiler.runtime import compare_with_eager
-from compiler.tolerance import FLOAT32_ABSOLUTE
+from compiler.running.runtime import compare_with_eager
+from compiler.running.tolerance import FLOAT32_ABSOLUTE
 from coreml_helpers import compile_coreml, cpu_ops, models, stock_pte
 
 FP32 = {"compute_precision": "float32"}
@@ -420,7 +420,7 @@ def test_an_epsilon_left_in_a_payload_is_refused_by_verify_each():
     model, inputs = Unary(lambda x: 1 / x), (_SMALL,)
     with fixes_off("unary_epsilon"), pytest.raises(VerificationError) as caught:
         compile_coreml(model, inputs, **FP32)
-    assert "core_ml_payloads_add_no_epsilon" in str(caught.value)
+    assert "delegate_payloads_pass_their_backend_checks" in str(caught.value) and "epsilon" in str(caught.value)
     assert "aten_reciprocal_default (inverse, epsilon 0.0001)" in str(caught.value)
 
 

@@ -24,7 +24,7 @@ from compiler.backends.coreml.interpreter import (
     covered_ops,
     load_programs,
 )
-from compiler.examples import EXAMPLES
+from compiler.models.examples import EXAMPLES
 from coreml_helpers import compile_coreml, models, stock_pte
 
 # Kept out of the default run (its time budget): CI's slow job runs it (-m slow).

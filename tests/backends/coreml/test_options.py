@@ -92,7 +92,7 @@ def test_kept_whole_op_landing_on_cpu_is_caught_at_compile_time():
 
 
 def test_cli_prints_per_op_placement(tmp_path, capsys):
-    from compiler.cli import main
+    from compiler.cli.main import main
 
     source = tmp_path / "m.py"
     source.write_text(
@@ -111,7 +111,7 @@ def test_cli_prints_per_op_placement(tmp_path, capsys):
 
 
 def test_compute_precision_option_sets_the_compile_spec(capsys):
-    from compiler import cli
+    from compiler.cli import main as cli
     from compiler.backends.coreml.interpreter import load_programs, MilInterpreter
 
     model, inputs = nn.Linear(4, 4), (torch.randn(2, 4),)

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from compiler.runtime import compare_with_eager
+from compiler.running.runtime import compare_with_eager
 from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error, stock_pte
 
 
@@ -521,7 +521,7 @@ def test_a_ceil_mode_pool_whose_last_window_starts_past_the_input_runs_on_the_cp
 
 
 def test_a_ceil_mode_pool_past_the_input_is_the_wrong_shape_on_core_ml():
-    from compiler.reference import ReferenceExecutionError
+    from compiler.running.reference import ReferenceExecutionError
 
     model, inputs = Pooled(lambda x: F.max_pool2d(x, 2, 3, ceil_mode=True)), (torch.randn(1, 2, 6, 6),)
     with _without_rule("ceil_mode_pool_past_the_input"):

@@ -12,11 +12,11 @@ import torch.nn as nn
 from executorch.backends.apple.coreml.compiler import CoreMLBackend
 
 import compiler
-from compiler import cli
+from compiler.cli import main as cli
 from compiler.backends.coreml.reference import AliasedPayloadOutput
 from compiler.ir.errors import UserInputError
-from compiler.runtime import LoadedProgram, compare_with_eager
-from compiler.tolerance import FLOAT32_ABSOLUTE
+from compiler.running.runtime import LoadedProgram, compare_with_eager
+from compiler.running.tolerance import FLOAT32_ABSOLUTE
 from coreml_helpers import compile_coreml, cpu_ops, stock_pte
 
 FP32 = [CoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]
@@ -163,7 +163,7 @@ def test_zero_dim_input_is_bound_to_the_rank_one_input_core_ml_declares():
 
 def test_delegate_output_of_another_size_is_a_named_error(monkeypatch):
     from compiler.backends.coreml.reference import CoreMLDelegate
-    from compiler.reference import ReferenceExecutionError
+    from compiler.running.reference import ReferenceExecutionError
 
     x = torch.randn(2, 4)
     artifact = compile_coreml(nn.Linear(4, 3), (x,), compute_precision="float32")

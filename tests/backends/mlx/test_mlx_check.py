@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import compiler
-from compiler.cli import main
-from compiler.examples import mlp, transformer
-from compiler.runtime import compare_with_eager
+from compiler.cli.main import main
+from compiler.models.examples import mlp, transformer
+from compiler.running.runtime import compare_with_eager
 
 TOLERANCE = 1e-4
 

@@ -32,7 +32,7 @@ from compiler.backends.mlx.interpreter import (
     Vid,
 )
 from compiler.backends.mlx.nodes_core import random_bits
-from compiler.reference import ReferenceExecutor
+from compiler.running.reference import ReferenceExecutor
 
 TOLERANCE = 1e-4
 
@@ -167,7 +167,7 @@ def test_convolutions_match_eager(name):
 
 
 def test_convnet_example_matches_eager():
-    from compiler.examples import convnet
+    from compiler.models.examples import convnet
 
     model, inputs = convnet(channels=4, size=8)
     _compile_and_compare(model, inputs, {"Conv2DNode"})

@@ -6,8 +6,8 @@ import torch
 import compiler
 from compiler.backends.mlx import interpreter
 from compiler.backends.mlx.interpreter import BadMLXPayload, MLXGraph, UnsupportedMLXNode
-from compiler.reference import ReferenceExecutor, run_program
-from compiler.examples import mlp
+from compiler.running.reference import ReferenceExecutor, run_program
+from compiler.models.examples import mlp
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_run_program_returns_torch_tensors(mlp_artifact):
 
 @pytest.mark.parametrize("name", ["convnet", "transformer"])
 def test_cpu_nodes_run_in_torch_like_the_portable_runtime(name):
-    from compiler.examples import EXAMPLES
+    from compiler.models.examples import EXAMPLES
 
     kwargs = {"convnet": dict(channels=4, size=8), "transformer": dict(depth=1, dim=16, heads=2, seq=4)}[name]
     model, inputs = EXAMPLES[name](**kwargs)
@@ -150,7 +150,7 @@ def test_an_empty_tensor_made_on_the_cpu_is_sized_like_the_runtime_does():
 
 
 def test_a_failing_cpu_kernel_is_a_named_error(monkeypatch):
-    from compiler import reference
+    from compiler.running import reference
 
     def refuse(*args, **kwargs):
         raise RuntimeError("this kernel refuses")

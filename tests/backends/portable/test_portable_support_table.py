@@ -87,7 +87,7 @@ def test_the_limit_cases_are_the_table_and_each_is_over_its_limit_only(monkeypat
         module = _program(op, inputs)
         with monkeypatch.context() as patch:
             _without_limits(patch)
-            program = compiler.compile(module, module.example, backend="portable", stop_after="partition").program
+            program = compiler.compile(module, module.example, backend="portable", stop_after="partition").artifact.program
         hits = [kernel_limits.kernel_limit(node) for node in program.graph.nodes]
         assert [limit.name for limit in hits if limit] == [name]
 

@@ -116,7 +116,7 @@ def test_the_rule_keeps_dynamic_gemms_and_refuses_weight_only():
         (_weight_only(torch.int4, _per_group()), 1),
     ):
         model, x = _quantized_linear(config)
-        edge = compiler.compile(model, (x,), "xnnpack", stop_after="decompose", reproducer=False)
+        edge = compiler.compile(model, (x,), "xnnpack", stop_after="decompose", reproducer=False).artifact
         nodes = [n for n in edge.program.graph.nodes if n.op == "call_function"]
         dequantized = [n for n in nodes if rules._is_dequantize_affine(n)]
         assert dequantized
@@ -146,7 +146,7 @@ def test_a_dequantize_it_cannot_rewrite_is_a_named_error():
     from compiler.ir.errors import CompileError
 
     model, x = _quantized_linear(_weight_only(torch.int4, _per_group()))
-    edge = compiler.compile(model, (x,), "xnnpack", stop_after="decompose", reproducer=False)
+    edge = compiler.compile(model, (x,), "xnnpack", stop_after="decompose", reproducer=False).artifact
     (dequantize,) = [n for n in edge.program.graph.nodes if n.op == "call_function" and rules._is_dequantize_affine(n)]
     dequantize.args = (dequantize.args[0], [1, 48], *dequantize.args[2:])
     with pytest.raises(CompileError, match="drops") as err:

@@ -28,6 +28,6 @@ TOLERANCES = [0.0]
 OUTPUTS = ['v2']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

@@ -36,6 +36,6 @@ TOLERANCES = [4.8e-05, 0.0]
 OUTPUTS = ['v10', 'x0']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

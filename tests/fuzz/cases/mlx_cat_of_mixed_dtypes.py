@@ -31,6 +31,6 @@ TOLERANCES = [2e-06]
 OUTPUTS = ['v6']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

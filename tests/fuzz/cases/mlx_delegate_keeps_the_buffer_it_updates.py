@@ -38,6 +38,6 @@ TOLERANCES = [0.0, 0.0, 0.0]
 OUTPUTS = ['v11', 'x1', 'v10']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

@@ -29,6 +29,6 @@ TOLERANCES = [0.0, 1e-06]
 OUTPUTS = ['v15', 'x0 + 1']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

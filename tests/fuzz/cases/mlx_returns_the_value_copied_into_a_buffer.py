@@ -44,6 +44,6 @@ TOLERANCES = [0.0, 0.0]
 OUTPUTS = ['v17', 'v10']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

@@ -49,6 +49,6 @@ TOLERANCES = [0.002, 0.256, 0.256]
 OUTPUTS = ['v21', 'v2', 'v10']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

@@ -29,6 +29,6 @@ TOLERANCES = [0.0]
 OUTPUTS = ['v4']
 
 if __name__ == '__main__':
-    from compiler.fuzz.oracle import replay
+    from compiler.tools.fuzz.oracle import replay
 
     replay(__file__)

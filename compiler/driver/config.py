@@ -1,10 +1,11 @@
 """The compile configuration: every option, typed, declared once.
 
-Each stage's options are a small frozen class here (light to import, so the CLI
-can build its flags from them before torch loads); the stage names its class in
-`Stage.options`. `CompileConfig` holds the backend, the backend's options (in the
-backend's own terms) and every stage's options: it decides the program, so stage
-files record it and a resumed run replays it. `RunOptions` say how one run is
+Each stage's options are a small frozen class (`compiler.stages.options`, light to
+import, so the CLI can build its flags from them before torch loads), named by the
+stage's row in the table of stages. `CompileConfig` holds the backend, the backend's
+options (in the backend's own terms) and every stage's options, one field per stage
+that takes any, made from that table: it decides the program, so stage files record
+it and a resumed run replays it. `DriverOptions` say how one run is
 driven (where to dump, where to stop); they never change the program and are
 not replayed.
 
@@ -24,113 +25,25 @@ from typing import Any, Iterator, Mapping, TextIO
 import attrs
 
 from compiler.ir.errors import UserInputError
-
-# The stages in pipeline order: the one registry of stage names (the pipeline is
-# checked against it).
-STAGE_NAMES: tuple[str, ...] = (
-    "capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower", "emit",
-)
-
-
-def option(
-    default: Any, help: str, *, kind: type | None = None, choices: tuple = (), metavar: str | None = None, converter=None
-):
-    """An attrs field that is also a user-facing option: its help text, value kind, choices and
-    metavar are what the CLI flag and the README's table are made from."""
-    kind = kind or type(default)
-    return attrs.field(
-        default=default,
-        converter=converter,
-        metadata={"help": help, "kind": kind, "choices": choices, "metavar": metavar},
-    )
-
-
-def _op_names(ops: Any) -> tuple[str, ...]:
-    """Ops as their qualified names ("aten.t.default"): an OpOverload given from Python is
-    recorded and compared by name, like one given on the command line."""
-    if isinstance(ops, str):
-        ops = (ops,)
-    names = []
-    for op in ops:
-        if not isinstance(op, str):
-            from compiler.ir.dialect import op_name
-
-            op = op_name(op)
-        names.append(op)
-    return tuple(names)
-
-
-@attrs.frozen
-class NoOptions:
-    """The options of a stage that takes none."""
-
-
-@attrs.frozen
-class CaptureOptions:
-    strict: bool = option(False, "trace with torch.export's strict mode (TorchDynamo) instead of non-strict")
-
-
-@attrs.frozen
-class FoldOptions:
-    skip_ops: tuple[str, ...] = option(
-        (), "an op the fold stage must not fold (e.g. aten.t.default), added to its defaults",
-        kind=str, metavar="OP", converter=_op_names,
-    )
-    replace_skip_ops: bool = option(False, "skip only the ops given by fold_skip_ops, not the defaults")
-
-
-DRY_RUN_MODES = ("auto", "always", "never")
-
-
-@attrs.frozen
-class DryRunOptions:
-    mode: str = option(
-        "auto",
-        "auto: partition a decomposed copy only when a kept op could land on the CPU without a kernel; "
-        "always: every time; never: keep whole what the backend asks, as stock ExecuTorch does",
-        choices=DRY_RUN_MODES,
-        converter=str,
-    )
-
-    def __attrs_post_init__(self) -> None:
-        if self.mode not in DRY_RUN_MODES:
-            raise UserInputError(
-                f"unknown dry_run_mode {self.mode!r}", stage="dry_run", hint=f"use one of: {', '.join(DRY_RUN_MODES)}"
-            )
-
-
-@attrs.frozen
-class EmitOptions:
-    extract_delegate_segments: bool = option(
-        True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it"
-    )
-    stacktrace: bool = option(False, "record each instruction's Python stack trace in the .pte")
-
-
-# Stage name -> its options class; stages not listed take none.
-STAGE_OPTIONS: Mapping[str, type] = {
-    "capture": CaptureOptions,
-    "fold": FoldOptions,
-    "dry_run": DryRunOptions,
-    "emit": EmitOptions,
-}
+from compiler.stages import STAGE_NAMES, STAGE_OPTIONS
+from compiler.stages.options import PATH, STREAM, NoOptions, kind_mismatch, option
 
 
 def _stage_options_field(stage: str):
     return attrs.field(factory=STAGE_OPTIONS[stage], validator=attrs.validators.instance_of(STAGE_OPTIONS[stage]))
 
 
-@attrs.frozen
+@attrs.frozen(
+    these={
+        "backend": attrs.field(default="portable"),
+        # The backend's own options (those of ExecuTorch's partitioner for it); checked by the backend.
+        "backend_options": attrs.field(factory=dict, converter=dict),
+        # One field per stage that takes options, named after it (`config.fold`: its FoldOptions).
+        **{stage: _stage_options_field(stage) for stage in STAGE_OPTIONS},
+    }
+)
 class CompileConfig:
     """Everything that decides the program a compile produces."""
-
-    backend: str = "portable"
-    # The backend's own options (those of ExecuTorch's partitioner for it); checked by the backend.
-    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
-    capture: CaptureOptions = _stage_options_field("capture")
-    fold: FoldOptions = _stage_options_field("fold")
-    dry_run: DryRunOptions = _stage_options_field("dry_run")
-    emit: EmitOptions = _stage_options_field("emit")
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.backend, str):
@@ -152,6 +65,8 @@ class CompileConfig:
                 f"unknown option(s): {', '.join(unknown)}",
                 hint=f"options are: {', '.join(s.name for s in options())}",
             )
+        for name, value in given.items():
+            specs[name].check(value)
         by_stage: dict[str, dict[str, Any]] = {}
         for name, value in given.items():
             by_stage.setdefault(specs[name].stage, {})[specs[name].field] = value
@@ -192,24 +107,29 @@ def _lists(value: Any) -> Any:
 
 
 @attrs.frozen
-class RunOptions:
+class DriverOptions:
     """How one run is driven; none of these changes the program, so none is replayed."""
 
     verify: bool = option(True, "check each stage's output against its artifact type's invariants")
-    dump_dir: str | None = option(None, "write each stage's graph and resumable stage file here", kind=str, metavar="DIR")
-    print_after_change: bool | TextIO = option(False, "print a stage's graph after it when it changed it", kind=bool)
+    dump_dir: str | None = option(
+        None, "write each stage's graph and resumable stage file here", kind=str, metavar="DIR", takes=PATH
+    )
+    print_after_change: bool | TextIO = option(
+        False, "print a stage's graph after it when it changed it", kind=bool, takes=STREAM
+    )
     capture_dependency_output: bool = option(
         True, "keep what dependencies print, warn and log off the terminal: it goes into the report's stage messages"
     )
     stop_after: str | None = option(None, "stop after this stage and return its artifact", kind=str, choices=STAGE_NAMES)
     resume_from: str | None = option(
-        None, "continue the run recorded in this stage file (its backend and options, unless given)", kind=str, metavar="FILE"
+        None, "continue the run recorded in this stage file (its backend and options, unless given)", kind=str, metavar="FILE",
+        takes=PATH,
     )
     reproducer: bool = option(True, "on a failure, save the failing stage's input as a stage file, in reproducer_dir")
     reproducer_dir: str | None = option(
         None, "where the failing stage's input is saved (default: dump_dir; with neither, the API saves nothing and "
         "the CLI uses the cache folder $XDG_CACHE_HOME/staged-compiler/reproducers, else ~/.cache/..., where each "
-        "failure gets its own folder and the newest 20 are kept)", kind=str, metavar="DIR",
+        "failure gets its own folder and the newest 20 are kept)", kind=str, metavar="DIR", takes=PATH,
     )
     dependency_checks: bool = option(
         False, "also run the checks ExecuTorch's to_backend and coremltools repeat after every step "
@@ -221,7 +141,7 @@ class RunOptions:
     )
     cache_dir: str | None = option(
         None, "the stage cache's folder (without it, the API caches nothing and the CLI uses "
-        "$XDG_CACHE_HOME/staged-compiler/stages, else ~/.cache/...)", kind=str, metavar="DIR",
+        "$XDG_CACHE_HOME/staged-compiler/stages, else ~/.cache/...)", kind=str, metavar="DIR", takes=PATH,
     )
     cache_max_mb: int = option(
         4096, "the stage cache's size limit in MB: the least recently used entries go beyond it", metavar="MB"
@@ -248,7 +168,18 @@ class OptionSpec:
     help: str
     choices: tuple = ()
     metavar: str | None = None
-    in_config: bool = True  # False: a RunOptions field
+    in_config: bool = True  # False: a DriverOptions field
+    takes: str | None = None  # what a value may be besides its kind (compiler.stages.options)
+    converter: Any = None  # the field's, applied before the kind is checked (op objects to names)
+
+    def check(self, value: Any) -> None:
+        """A `UserInputError` naming this option when `value` is not of its kind."""
+        if self.converter is not None:
+            value = self.converter(value)
+        reason = kind_mismatch(value, self.kind, repeated=self.repeated, optional=self.default is None, takes=self.takes)
+        if reason:
+            choices = f": one of {', '.join(map(str, self.choices))}" if self.choices else ""
+            raise UserInputError(f"option {self.name} {reason}", hint=f"give a {self.kind.__name__}{choices}")
 
     @property
     def flag(self) -> str:
@@ -272,29 +203,33 @@ def _specs(cls: type, stage: str | None, in_config: bool) -> Iterator[OptionSpec
         name = f"{stage}_{f.name}" if stage else f.name
         meta = f.metadata
         yield OptionSpec(
-            name, stage, f.name, meta["kind"], f.default, meta["help"], meta["choices"], meta["metavar"], in_config
+            name, stage, f.name, meta["kind"], f.default, meta["help"], meta["choices"], meta["metavar"], in_config,
+            meta["takes"], f.converter,
         )
 
 
 def options() -> tuple[OptionSpec, ...]:
     """Every option a user can set, stage options in pipeline order, then run options."""
     specs = [spec for stage in STAGE_NAMES if stage in STAGE_OPTIONS for spec in _specs(STAGE_OPTIONS[stage], stage, True)]
-    specs += _specs(RunOptions, None, False)
+    specs += _specs(DriverOptions, None, False)
     return tuple(specs)
 
 
-def split_options(given: Mapping[str, Any]) -> tuple[dict[str, Any], RunOptions]:
+def split_options(given: Mapping[str, Any]) -> tuple[dict[str, Any], DriverOptions]:
     """Keyword options by their one names -> (the configuration's, the run's)."""
     specs = {spec.name: spec for spec in options()}
-    run_fields = {f.name for f in attrs.fields(RunOptions)}
+    run_fields = {f.name for f in attrs.fields(DriverOptions)}
     unknown = sorted(name for name in given if name not in specs and name not in run_fields)
     if unknown:
         raise UserInputError(
             f"unknown option(s): {', '.join(unknown)}",
             hint=f"options are: {', '.join(sorted([*specs, 'instruments']))}",
         )
+    for name, value in given.items():
+        if name in specs:
+            specs[name].check(value)
     config = {name: value for name, value in given.items() if name in specs and specs[name].in_config}
-    run = RunOptions(**{name: value for name, value in given.items() if name not in config})
+    run = DriverOptions(**{name: value for name, value in given.items() if name not in config})
     return config, run
 
 

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from compiler import model_suite
-from compiler.catalog import check_model_spec
+from compiler.models import model_suite
+from compiler.models.catalog import check_model_spec
 from compiler.ir.errors import UserInputError
 
 

@@ -20,7 +20,7 @@ import attrs
 
 if TYPE_CHECKING:
     from compiler.ir.artifacts import PartitionedProgram
-    from compiler.ir.report import Report
+    from compiler.reporting.report import Report
 
 # Inlined in this order: the dagre extension registers itself with the global cytoscape.
 _SCRIPTS = ("cytoscape.min.js", "cytoscape-dagre.min.js")

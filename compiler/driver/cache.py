@@ -9,7 +9,7 @@ after capture the driver therefore knows every later key, loads only the last st
 whose entry exists and resumes after it; the stages before it are reported as cached
 too, with the numbers and the time their entries recorded.
 
-An entry is one file, `<key>.entry`: a stage file (`compiler.ir.serialize`) for the
+An entry is one file, `<key>.entry`: a stage file (`compiler.driver.stage_files`) for the
 resumable artifacts, a zip of the `.pte` and its fields for emit's program; both hold a
 JSON member with the stage's report row. A quick stage's output is not worth writing
 (`STORE_AFTER_SECONDS`): its entry holds only the row, and a later compile reruns it
@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from compiler.config import CompileConfig, dependency_versions
+from compiler.driver.config import CompileConfig, dependency_versions
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _STALE_TEMP_SECONDS = 3600.0
 
 def default_cache_dir() -> str:
     """The CLI's stage cache: `$XDG_CACHE_HOME/staged-compiler/stages`, else `~/.cache/...`."""
-    from compiler.instruments import user_cache_folder
+    from compiler.driver.instruments import user_cache_folder
 
     return user_cache_folder("stages")
 
@@ -150,6 +150,14 @@ class Hit:
     stage: str
     artifact: Any
     records: tuple  # of StageRecord
+
+
+@attrs.frozen
+class Skipped:
+    """What stands in for a stage the cache lets the driver skip."""
+
+    record: Any  # its StageRecord, marked cached
+    artifact: Any = None  # for the last stage held: its output, which the next stage takes
 
 
 class StageCache:
@@ -252,7 +260,7 @@ class StageCache:
                 )
                 return artifact, meta
         # Reading a member checks its CRC: a garbled weight is refused by the load.
-        from compiler.ir.serialize import load_stage_file
+        from compiler.driver.stage_files import load_stage_file
 
         stage_file = load_stage_file(path)
         if type(stage_file.artifact).__name__ != meta["artifact"] or stage_file.stage != stage:
@@ -274,7 +282,7 @@ class StageCache:
 
     @staticmethod
     def _record(stage: str, meta: dict | None, seconds: float = 0.0):
-        from compiler.ir.report import StageRecord
+        from compiler.reporting.report import StageRecord
 
         if meta is None:
             return StageRecord(stage=stage, seconds=seconds, cached=True)
@@ -299,7 +307,7 @@ class StageCache:
         if not self.write or self._holds(key, stage, row_only):
             return False
         from compiler.ir.artifacts import ExecutorchProgram
-        from compiler.ir.serialize import can_save, save_stage_file
+        from compiler.driver.stage_files import can_save, save_stage_file
 
         if not (can_save(artifact) or isinstance(artifact, ExecutorchProgram)):
             return False
@@ -393,6 +401,18 @@ class CacheRun:
     def start(cls, cache: StageCache, captured: Any, stages: Sequence[str], config: CompileConfig) -> "CacheRun | None":
         keys = cache.keys(captured, stages, config)
         return cls(cache, keys, config) if keys is not None else None
+
+    def skip(self, stage: str) -> Skipped | None:
+        """The driver asks before each stage: what stands in for it when the cache holds its
+        output or a later stage's (its cached report row, and the artifact of the last one
+        held), or None to run it."""
+        if self.hit is None:
+            return None
+        held = list(self.keys)[: len(self.hit.records)]
+        if stage not in held:
+            return None
+        record = self.hit.records[held.index(stage)]
+        return Skipped(record, self.hit.artifact if stage == self.hit.stage else None)
 
     def store(self, stage: str, artifact: Any, record: Any) -> None:
         if stage not in self.keys:

@@ -20,9 +20,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 import compiler
-from compiler.fuzz.programs import Program, Reproducer
+from compiler.tools.fuzz.programs import Program, Reproducer
 from compiler.ir.errors import CompileError, StageFailure, UnsupportedByRuntime
-from compiler.runtime import LoadedProgram
+from compiler.running.runtime import LoadedProgram
 
 OK, COMPILED, NAMED, WRAPPED, RAW, WRONG, INVALID = (
     "ok", "compiled", "named error", "wrapped error", "raw exception", "wrong result", "invalid program",

@@ -1,6 +1,6 @@
 """`python -m compiler`: a thin layer over the Python API.
 
-The option flags are generated from `compiler.config.options()` (one flag per
+The option flags are generated from `compiler.driver.config.options()` (one flag per
 option, under the option's own name), so the CLI cannot offer what the API does
 not. This module is the only one that prints for the user, spells options as
 flags, or decides an exit code. It imports no torch when it loads: `--help`,
@@ -25,10 +25,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from compiler import backends, catalog, config
+from compiler import backends
+from compiler.models import catalog
+from compiler.driver import config
+from compiler.stages import STAGE_NAMES
 from compiler.ir.errors import CompileError, UserInputError
-from compiler.tolerance import FLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE
-from compiler.writable import prove_file_writable, prove_folder_writable
+from compiler.running.tolerance import FLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE
+from compiler.process.writable import prove_file_writable, prove_folder_writable
 
 RESUME = "python -m compiler compile --resume-from {path}"
 DEFAULT_BACKEND = config.CompileConfig().backend
@@ -149,7 +152,7 @@ def _add_tolerance_flag(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _add_option_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
-    """One flag per option of `compiler.config.options()` (or of those named in `only`). Flags
+    """One flag per option of `compiler.driver.config.options()` (or of those named in `only`). Flags
     left out are absent from the parsed namespace (SUPPRESS), so a resume can tell what was
     given from a default."""
     for spec in config.options():
@@ -249,7 +252,7 @@ class Terminal:
 
     def quietly(self, doing: str, work, *args, **kwargs):
         """Runs `work` with the dependencies' output captured (shown with -v)."""
-        from compiler.dependency_output import DependencyOutput
+        from compiler.process.dependency_output import DependencyOutput
 
         output = DependencyOutput()
         try:
@@ -372,20 +375,20 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     if "reproducer_dir" in given:
         given["reproducer_dir"] = _folder_to_write("--reproducer-dir", given["reproducer_dir"])
     elif "dump_dir" not in given:
-        from compiler.instruments import default_reproducer_dir
+        from compiler.driver.instruments import default_reproducer_dir
 
         given["reproducer_dir"] = default_reproducer_dir()
     if "cache_dir" in given:
         given["cache_dir"] = _folder_to_write("--cache-dir", given["cache_dir"])
     elif given.get("cache", True):
-        from compiler.cache import default_cache_dir
+        from compiler.driver.cache import default_cache_dir
 
         given["cache_dir"] = default_cache_dir()
     backend_options = _backend_options(args.backend_option) or None
 
     from compiler import api
-    from compiler.examples import resolve_model
-    from compiler.progress import LiveProgress
+    from compiler.models.examples import resolve_model
+    from compiler.cli.live_progress import LiveProgress
 
     backend = args.backend or (None if resume_from else DEFAULT_BACKEND)
     terminal.quietly(f"loading ExecuTorch{f' and the {backend} backend' if backend else ''}", _load, backend)
@@ -395,7 +398,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     use_model = not resume_from
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
     try:
-        run = api.run_pipeline(
+        result = api.compile(
             module if use_model else None,
             inputs if use_model else None,
             args.backend,
@@ -407,28 +410,27 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     except CompileError as error:
         terminal.messages.append((f"compiling (stage {error.stage})", error.dependency_messages))
         raise
-    result = api.finish(run)
-    report = attrs.evolve(run.report, model=args.model)
+    report = attrs.evolve(result.report, model=args.model)
 
     status, check = 0, None
     cache_dir = given.get("cache_dir") if given.get("cache", True) else None
-    if isinstance(result, api.Artifact):
+    if result.stopped_after == STAGE_NAMES[-1]:
         if output:
             with _writing("-o", output, "the program", cache_dir):
                 result.save(output)
         if args.check:
-            from compiler import runtime
+            from compiler.running import runtime
 
             check = terminal.quietly("checking against eager", runtime.compare_with_eager, result, module, inputs,
                                      tolerance=args.tolerance)
             report = attrs.evolve(report, check=check.to_json())
             status = 0 if check.passed else 1
     elif output:
-        from compiler.ir.serialize import can_save, save_stage_file
+        from compiler.driver.stage_files import can_save, save_stage_file
 
-        if can_save(result):
+        if can_save(result.artifact):
             with _writing("-o", output, "the stage file", cache_dir):
-                save_stage_file(output, result, report.stages[-1].stage, run.config)
+                save_stage_file(output, result.artifact, result.stopped_after, result.config)
         else:
             output = None
 
@@ -437,10 +439,10 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         with _writing("--report-json", report_json, "the report", cache_dir), open(report_json, "w") as f:
             json.dump(report.to_json(), f, indent=2)
     if report_html:
-        from compiler.html_report import render_html
+        from compiler.reporting.html_report import render_html
 
         title = f"{args.model or report.resumed_from} compiled for {report.config.get('backend')}"
-        page = render_html(report, run.artifacts.get("partition"), title=title)
+        page = render_html(report, result.stages.get("partition"), title=title)
         with _writing("--report-html", report_html, "the report", cache_dir), open(report_html, "w") as f:
             f.write(page)
     _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
@@ -449,8 +451,10 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
 
 def _load(backend: str | None) -> None:
     """The pipeline's heavy imports, under a status line (they take seconds)."""
-    import compiler.driver  # noqa: F401
-    import compiler.stages  # noqa: F401
+    import compiler.driver.pipeline  # noqa: F401
+    from compiler.stages import default_stages
+
+    default_stages()
 
     if backend:
         backends.load(backend)
@@ -482,13 +486,10 @@ def _print_messages(terminal: Terminal, groups: Sequence[tuple[str, Sequence[str
 
 
 def _print_outcome(terminal: Terminal, result, report, output, check, reports: Sequence[str]) -> None:
-    from compiler import api
-
-    if isinstance(result, api.Artifact):
+    if result.stopped_after == STAGE_NAMES[-1]:
         written = f"wrote {output} ({len(result.pte)} bytes)" if output else "nothing written: give -o FILE.pte to save the program"
     else:
-        stage = report.stages[-1].stage
-        written = f"stopped after {stage}; " + (f"wrote {output}" if output else "nothing written (-o FILE.stage saves it)")
+        written = f"stopped after {result.stopped_after}; " + (f"wrote {output}" if output else "nothing written (-o FILE.stage saves it)")
     terminal.say("\n" + written)
     for path in reports:
         terminal.say(f"wrote {path}")
@@ -500,8 +501,8 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
     catalog.check_model_spec(args.model)
     if not os.path.isfile(args.program):
         raise UserInputError(f"PROGRAM {args.program!r} does not exist", hint="give the path of a .pte file")
-    from compiler import runtime
-    from compiler.examples import resolve_model
+    from compiler.running import runtime
+    from compiler.models.examples import resolve_model
 
     module, inputs, _ = terminal.quietly("building the model", resolve_model, args.model)
     check = terminal.quietly("running the program and eager", runtime.compare_with_eager, args.program, module,
@@ -515,16 +516,16 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
 def _visualize(args: argparse.Namespace, terminal: Terminal) -> int:
     if not os.path.isfile(args.file):
         raise UserInputError(f"FILE {args.file!r} does not exist", hint="give a .pte or a .stage file")
-    from compiler.visualize import visualize
+    from compiler.tools.visualize import visualize
 
     visualize(args.file, port=args.port, open_browser=not args.no_browser)
     return 0
 
 
 def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
-    """A thin layer over `compiler.sweeps.sweep`: one line per job as it finishes (stderr), the
+    """A thin layer over `compiler.tools.sweeps.sweep`: one line per job as it finishes (stderr), the
     table (stdout), each failed job's error; exit 0 only if every job passed."""
-    from compiler import sweeps
+    from compiler.tools import sweeps
 
     if args.workers is not None and args.workers < 1:
         raise UserInputError(f"--workers {args.workers}: needs at least 1", hint="e.g. --workers 2")
@@ -535,7 +536,7 @@ def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
         if "cache_dir" in given:
             cache_dir = _folder_to_write("--cache-dir", given["cache_dir"])
         else:
-            from compiler.cache import default_cache_dir
+            from compiler.driver.cache import default_cache_dir
 
             cache_dir = default_cache_dir()
     jobs = sweeps.expand_jobs(args.jobs)  # a bad jobs file is an error before any work
@@ -570,7 +571,7 @@ def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
 
 
 def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
-    from compiler.fuzz import campaign, oracle
+    from compiler.tools.fuzz import campaign, oracle
 
     if args.replay:
         return 1 if oracle.replay(args.replay, args.backend).kind in oracle.FAILURES else 0
@@ -579,7 +580,7 @@ def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
         stock = f" | stock: {case.stock.kind}" if case.stock else ""
         terminal.say(f"{case.number:4} {case.ours.kind}{stock}")
 
-    run = campaign.run(
+    run = campaign.fuzz(
         args.backend or DEFAULT_BACKEND, args.examples, args.seed, out_dir=args.out_dir,
         with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress,
     )

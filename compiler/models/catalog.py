@@ -2,7 +2,7 @@
 
 `python -m compiler examples`, `--help` and a mistyped model name answer before
 torch loads, so the names, one-line descriptions and default sizes are read from
-the source of `compiler.examples` and `compiler.model_suite` (their `EXAMPLES`
+the source of `compiler.models.examples` and `compiler.models.model_suite` (their `EXAMPLES`
 and `SUITE` dicts and the factories' docstrings), not by importing them.
 """
 
@@ -48,7 +48,7 @@ def _entries(module: str, registry: str, needs_models_extra: bool) -> list[Model
 @functools.cache
 def models() -> dict[str, ModelEntry]:
     """Every model a MODEL spec can name: the built-in examples, then the transformers suite."""
-    found = _entries("compiler.examples", "EXAMPLES", False) + _entries("compiler.model_suite", "SUITE", True)
+    found = _entries("compiler.models.examples", "EXAMPLES", False) + _entries("compiler.models.model_suite", "SUITE", True)
     return {entry.name: entry for entry in found}
 
 

@@ -17,7 +17,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from compiler.html_report import (
+from compiler.reporting.html_report import (
     CPU_COLOR,
     DELEGATE_COLORS,
     INPUT_COLOR,
@@ -57,7 +57,7 @@ def visualize(path: str | os.PathLike, *, port: int | None = None, open_browser:
         config.add_model_from_path(str(path), adapterId=PTE_ADAPTER)
         extensions.append(PTE_ADAPTER)
     else:
-        from compiler.ir.serialize import load_stage_file
+        from compiler.driver.stage_files import load_stage_file
 
         stage_file = load_stage_file(path)
         graph = explorer_graph(stage_file.artifact, graph_id=f"{path.stem} (after {stage_file.stage})")

@@ -3,7 +3,7 @@
 What the code knows (the options, the MIL ops the Core ML reference interpreter runs) is
 written into the README from the code, never by hand, and a test keeps the two equal:
 
-    python -m compiler.readme README.md      # rewrite every generated section
+    python -m compiler.tools.readme README.md      # rewrite every generated section
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 # Section name -> the function (module:name) that returns its text.
 GENERATED: dict[str, str] = {
-    "options-table": "compiler.config:options_table",
+    "options-table": "compiler.driver.config:options_table",
     "coreml-mil-ops": "compiler.backends.coreml.interpreter:coverage_text",
     "portable-kernel-limits": "compiler.stages.cpu_rewrites:limits_table",
 }
@@ -59,6 +59,6 @@ def write_file(path: str, name: str, content: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m compiler.readme README.md")
+        raise SystemExit("usage: python -m compiler.tools.readme README.md")
     for name in GENERATED:
         write_file(sys.argv[1], name, generator(name)())

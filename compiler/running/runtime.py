@@ -11,11 +11,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from compiler import backends
-from compiler.dependency_output import DependencyOutput
+from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
-from compiler.private_api import deserialize_pte
-from compiler.tolerance import Tolerance
+from compiler.ir.private_api import deserialize_pte
+from compiler.running.tolerance import Tolerance
 
 
 def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
@@ -38,7 +38,7 @@ def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
     if not isinstance(program, ExecutorchProgram):
         raise UserInputError(
             f"cannot run a {type(program).__name__}: only emitted programs run",
-            hint="give an Artifact, the bytes of a .pte or its path (compile without stop_after for an Artifact)",
+            hint="give a CompileResult that reached emit, the bytes of a .pte or its path",
         )
     return program.pte, set(program.delegates)
 
@@ -48,7 +48,7 @@ class LoadedProgram:
     from one run to the next, as on a device.
 
     Delegates this machine's ExecuTorch runtime has run there; a program with any
-    other delegate runs whole in the reference executor (`compiler/reference.py`),
+    other delegate runs whole in the reference executor (`compiler/running/reference.py`),
     which runs CPU kernels with torch and each delegate with its reference runner.
     """
 
@@ -74,7 +74,7 @@ class LoadedProgram:
             )
         self._reference = None
         if missing:
-            from compiler.reference import ReferenceExecutor
+            from compiler.running.reference import ReferenceExecutor
 
             self._reference = ReferenceExecutor(pte)
             self._execute = self._reference.run

@@ -6,11 +6,13 @@ loaded instead of importing them itself (about 5 s of each worker's start here).
 """
 
 try:
-    from compiler.dependency_output import DependencyOutput
+    from compiler.process.dependency_output import DependencyOutput
 
     with DependencyOutput():
         import compiler.api  # noqa: F401
-        import compiler.driver  # noqa: F401
-        import compiler.stages  # noqa: F401
+        import compiler.driver.pipeline  # noqa: F401
+        from compiler.stages import default_stages
+
+        default_stages()
 except Exception:  # noqa: BLE001 - a job meets the same error and records it
     pass

@@ -17,9 +17,9 @@ import attrs
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import FlakyFailure
 
-from compiler.fuzz import oracle
-from compiler.fuzz.oracle import Outcome
-from compiler.fuzz.programs import Program, programs
+from compiler.tools.fuzz import oracle
+from compiler.tools.fuzz.oracle import Outcome
+from compiler.tools.fuzz.programs import Program, programs
 
 _COLUMNS = (oracle.OK, oracle.COMPILED, oracle.NAMED, oracle.WRAPPED, oracle.RAW, oracle.WRONG)
 
@@ -100,7 +100,7 @@ def write_reproducer(directory: str, name: str, case: Case, backend: str, campai
         f"\n\nBACKEND = {backend!r}\nCALLS = {program.calls}\n"
         f"TOLERANCES = {list(program.tolerances)!r}\nOUTPUTS = {list(program.names)!r}\n\n"
         "if __name__ == '__main__':\n"
-        "    from compiler.fuzz.oracle import replay\n\n"
+        "    from compiler.tools.fuzz.oracle import replay\n\n"
         "    replay(__file__)\n"
     )
     with open(path, "w") as f:
@@ -120,7 +120,7 @@ class _Reproduced(Exception):
     """Raised inside hypothesis while a failure of one signature keeps reproducing."""
 
 
-def run(
+def fuzz(
     backend: str,
     examples: int,
     campaign_seed: int = 0,

@@ -5,7 +5,7 @@
 
 A job is a mapping: `model` (a MODEL spec, as the CLI's: `transformer:depth=2` or
 `path/to/file.py:factory`), `backend`, `backend_options`, any compile option by its
-configuration name (`compiler.config.options()`), `check` (run the `.pte` and compare with
+configuration name (`compiler.driver.config.options()`), `check` (run the `.pte` and compare with
 eager, as `compile --check`) with `tolerance`, and `output` (a `.pte` path; `{model}`,
 `{backend}` and `{job}` are replaced). A list given for `model`, `backend`,
 `backend_options`, `check`, `tolerance` or an option expands to the cross product; for an
@@ -33,11 +33,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 
-from compiler import backends, catalog, config
+from compiler import backends
+from compiler.models import catalog
+from compiler.driver import config
 from compiler.ir.errors import CompileError, UserInputError
-from compiler.writable import prove_file_writable
+from compiler.process.writable import prove_file_writable
 
-# Keys of a job besides the compile options (`compiler.config.options()`).
+# Keys of a job besides the compile options (`compiler.driver.config.options()`).
 JOB_KEYS = ("model", "backend", "backend_options", "check", "tolerance", "output")
 # Compile options a sweep job cannot take: each job makes a .pte and prints nothing.
 _NOT_IN_A_JOB = {
@@ -361,7 +363,7 @@ def run_job(job: Job, cache_dir: str | None = None, cache: bool = True, threads:
     _set_threads(threads)
     base = _base(job)
     try:
-        from compiler.dependency_output import DependencyOutput
+        from compiler.process.dependency_output import DependencyOutput
 
         # What dependencies print outside the compile's own capture (building the model, the
         # runtime's check, cpuinfo from C) stays off the sweep's terminal too.
@@ -374,7 +376,7 @@ def run_job(job: Job, cache_dir: str | None = None, cache: bool = True, threads:
 def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | None, start: float) -> JobResult:
     base = _base(job)
     from compiler import api
-    from compiler.examples import resolve_model
+    from compiler.models.examples import resolve_model
 
     module, inputs, dynamic_shapes = resolve_model(job.model)
     options = dict(job.options)
@@ -389,7 +391,7 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
     report = artifact.report
     check = None
     if job.check:
-        from compiler import runtime
+        from compiler.running import runtime
 
         check = runtime.compare_with_eager(artifact, module, inputs, tolerance=job.tolerance).to_json()
     row = SweepRow(
@@ -416,7 +418,7 @@ def failed_row(base: Mapping[str, Any], error: BaseException, seconds: float) ->
 
 
 def _has_run_option(name: str) -> bool:
-    return name in attrs.fields_dict(config.RunOptions)
+    return name in attrs.fields_dict(config.DriverOptions)
 
 
 def _delegated(report: Any) -> float | None:
@@ -432,7 +434,7 @@ def _worker_start(threads: int | None) -> None:
     """A pool worker's first step: one torch thread each when several share the cores, and
     the pipeline's imports (so a job's time is its own work; already there when the fork
     server preloaded them)."""
-    import compiler.pipeline_imports  # noqa: F401
+    import compiler.tools.pipeline_imports  # noqa: F401
 
     _set_threads(threads)
 
@@ -523,7 +525,7 @@ def _run_in_pool(jobs: Sequence[Job], workers: int, common: Mapping[str, Any],
     # (a worker forked from the caller could inherit torch's threads in any state). The
     # server lives as long as this process: later sweeps' workers start at once.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["compiler.pipeline_imports"])
+    context.set_forkserver_preload(["compiler.tools.pipeline_imports"])
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
                                                 initargs=(threads,)) as pool:
         futures = {pool.submit(run_job, job, threads=threads, **common): job for job in jobs}

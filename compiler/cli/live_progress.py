@@ -1,41 +1,16 @@
-"""Live progress on the terminal: one line per stage, with what the running stage is doing.
-
-Work deep inside a dependency (coremltools converting ops, running its MIL pass
-pipelines) reports its steps through `steps()`; the line of the running stage
-shows the latest one, so a long Core ML lowering is not a silent minute. Without
-a listener (library use) the steps go nowhere.
-"""
+"""Live progress on the terminal: one line per stage, with what the running stage is doing
+(the latest step reported through `compiler.reporting.progress.steps`)."""
 
 from __future__ import annotations
 
 import contextvars
 import time
-from typing import Any, Callable, Iterable, Iterator
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn
 
-from compiler.instruments import Instrument
-
-StepListener = Callable[[str, int, "int | None"], None]
-
-_listener: contextvars.ContextVar[StepListener | None] = contextvars.ContextVar("progress_listener", default=None)
-
-
-def steps(iterable: Iterable[Any], desc: str = "", total: int | None = None, **_ignored: Any) -> Iterator[Any]:
-    """Iterates `iterable`, telling the listener how far it got; takes tqdm's arguments, so it
-    can stand in for a dependency's progress bar."""
-    listener = _listener.get()
-    if total is None and hasattr(iterable, "__len__"):
-        total = len(iterable)
-    done = 0
-    for item in iterable:
-        if listener:
-            listener(desc, done, total)
-        yield item
-        done += 1
-    if listener:
-        listener(desc, done, total)
+from compiler.driver.instruments import Instrument
+from compiler.reporting import progress
 
 
 class LiveProgress(Instrument):
@@ -71,7 +46,7 @@ class LiveProgress(Instrument):
 
     def before_stage(self, stage, artifact):
         self._start = time.perf_counter()
-        self._token = _listener.set(self._step)
+        self._token = progress.listen(self._step)
         if self._progress:
             self._task = self._progress.add_task(self._label(stage), total=None, step="")
 
@@ -85,7 +60,7 @@ class LiveProgress(Instrument):
 
     def _end_stage(self, stage: str, outcome: str) -> None:
         if self._token is not None:
-            _listener.reset(self._token)
+            progress.stop_listening(self._token)
             self._token = None
         if self._progress and self._task is not None:
             self._progress.update(self._task, total=1, completed=1, step=outcome)

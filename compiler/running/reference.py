@@ -37,7 +37,7 @@ from executorch.exir import schema
 
 from compiler import backends
 from compiler.ir.errors import CompileError, UnsupportedByRuntime
-from compiler.private_api import deserialize_pte
+from compiler.ir.private_api import deserialize_pte
 
 METHOD = "forward"
 

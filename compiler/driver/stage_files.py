@@ -29,7 +29,7 @@ from executorch.exir.serde.serialize import load as load_program
 from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from executorch.exir.serde.serialize import save as save_program
 
-from compiler.config import CompileConfig, dependency_versions
+from compiler.driver.config import CompileConfig, dependency_versions
 from compiler.ir.artifacts import (
     AtenProgram,
     EdgeProgram,
@@ -43,7 +43,7 @@ from compiler.ir.dialect import op_from_name
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
-from compiler.private_api import set_verifiers
+from compiler.ir.private_api import set_verifiers
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 The loop is IREE's: skip the stages before the resume point, run each stage
 between before/after hooks with its own options, return at `stop_after`. With a
-stage cache, the stages after capture that it holds are skipped the same way. It
+stage cache, the loop asks it before each stage after capture whether the stage
+must run (as TVM's `should_run`); a stage it holds is skipped. It
 knows no instrument by type: each stage's report row is what the instruments
 recorded for it, plus the numbers the stage itself reported.
 """
@@ -16,12 +17,12 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from compiler.backends.base import Backend
-from compiler.cache import CacheRun, StageCache
-from compiler.collector import scans_only_new_objects
-from compiler.config import CompileConfig
-from compiler.instruments import Instrument
+from compiler.driver.cache import CacheRun, StageCache
+from compiler.process.collector import scans_only_new_objects
+from compiler.driver.config import CompileConfig
+from compiler.driver.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
-from compiler.ir.report import Report, StageRecord
+from compiler.reporting.report import Report, StageRecord
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,8 @@ _ONE_STAGE_AT_A_TIME = threading.RLock()
 
 
 @attrs.frozen
-class PipelineRun:
-    result: Any  # the artifact of the last stage that ran
+class PipelineResult:
+    artifact: Any  # the artifact of the last stage that ran
     report: Report
     artifacts: Mapping[str, Any]  # stage name -> the artifact it returned
     config: CompileConfig  # the configuration the run used
@@ -53,7 +54,7 @@ class Pipeline:
         self.stages = tuple(stages)
         self.names = tuple(s.name for s in stages)
 
-    def run(
+    def execute(
         self,
         artifact: Any,
         backend: Backend,
@@ -64,7 +65,7 @@ class Pipeline:
         stop_after: str | None = None,
         dependency_checks: bool = False,
         cache: StageCache | None = None,
-    ) -> PipelineRun:
+    ) -> PipelineResult:
         """`cache`: after capture, load the last stage stored for this run and go on after it
         (the stages skipped get cached report rows, and no instrument hook); store what runs."""
         start = self.names.index(start_after) + 1 if start_after else 0
@@ -90,9 +91,13 @@ class Pipeline:
             records: list[StageRecord] = []
             artifacts: dict[str, Any] = {}
             cached: CacheRun | None = None
-            index = start
-            while index <= stop:
-                stage = self.stages[index]
+            for stage in self.stages[start : stop + 1]:
+                skipped = cached.skip(stage.name) if cached is not None else None
+                if skipped is not None:  # the cache holds this stage's output or a later one's
+                    records.append(skipped.record)
+                    if skipped.artifact is not None:
+                        artifact = artifacts[stage.name] = skipped.artifact
+                    continue
                 ctx = StageContext(backend, config.options_for(stage.name), dependency_checks=dependency_checks)
                 artifact = self._run_stage(stage, artifact, ctx, instruments)
                 record = _stage_record(stage.name, ctx.metrics, instruments)
@@ -102,21 +107,16 @@ class Pipeline:
                 if cached is not None:
                     with _ONE_STAGE_AT_A_TIME:  # (de)serializing uses the same process-wide state
                         cached.store(stage.name, artifact, record)
-                elif cache is not None and index == 0:
-                    # Capture's output keys every later stage: skip to after the last one stored.
+                elif cache is not None and stage is self.stages[0]:
+                    # Capture's output keys every later stage.
                     with _ONE_STAGE_AT_A_TIME:
                         cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
-                    if cached is not None and cached.hit is not None:
-                        records += cached.hit.records
-                        artifact = artifacts[cached.hit.stage] = cached.hit.artifact
-                        index = self.names.index(cached.hit.stage)
-                index += 1
             for instrument in reversed(instruments):
                 instrument.after_pipeline(artifact)
 
         plan = getattr(artifact, "plan", None)
         report = Report(tuple(records), plan.summary() if plan else (), config.to_json(), plan=plan)
-        return PipelineRun(artifact, report, artifacts, config)
+        return PipelineResult(artifact, report, artifacts, config)
 
     @staticmethod
     def _run_stage(stage: Stage, artifact: Any, ctx: StageContext, instruments: Sequence[Instrument]) -> Any:
@@ -128,7 +128,7 @@ class Pipeline:
         try:
             for instrument in instruments:
                 instrument.before_stage(stage.name, artifact)
-            output = stage.run(artifact, ctx)
+            output = stage.apply(artifact, ctx)
             for instrument in reversed(instruments):
                 instrument.after_stage(stage.name, artifact, output)
             return output

@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
-from compiler.config import CompileConfig, RunOptions, dependency_versions
+from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
 from compiler.ir.errors import CompileError
 
 # The stage-file serializer (and with it ExecuTorch) is imported on first use, inside the
@@ -29,7 +29,7 @@ from compiler.ir.errors import CompileError
 # ExecuTorch's import-time output.
 
 if TYPE_CHECKING:
-    from compiler.dependency_output import DependencyOutput
+    from compiler.process.dependency_output import DependencyOutput
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class DumpStages(Instrument):
 
     def after_stage(self, stage, before, after):
         from compiler.ir.artifacts import ExecutorchProgram
-        from compiler.ir.serialize import can_save
+        from compiler.driver.stage_files import can_save
 
         with open(self.path(stage, ".txt"), "w") as f:
             f.write(after.graph_text())
@@ -171,7 +171,7 @@ class DumpStages(Instrument):
     def _save_stage_file(self, stage: str, artifact: Any) -> None:
         """A dump is a debugging aid: a program the serializer cannot write costs that one
         `.stage` file (the `.txt` is written), never the compile the user asked for."""
-        from compiler.ir.serialize import SUFFIX, save_stage_file
+        from compiler.driver.stage_files import SUFFIX, save_stage_file
 
         path = self.path(stage, SUFFIX)
         try:
@@ -249,7 +249,7 @@ class CrashReproducer(Instrument):
         self.config, self.stages = config, stages
 
     def on_failure(self, stage, artifact, error):
-        from compiler.ir.serialize import can_save
+        from compiler.driver.stage_files import can_save
 
         position = self.stages.index(stage)
         if position == 0 or not can_save(artifact):
@@ -262,7 +262,7 @@ class CrashReproducer(Instrument):
             _keep_newest(self.directory, KEPT_REPRODUCERS)
 
     def _save(self, stage: str, produced_by: str, artifact: Any) -> str:
-        from compiler.ir.serialize import SUFFIX, save_stage_file
+        from compiler.driver.stage_files import SUFFIX, save_stage_file
 
         os.makedirs(self.directory, exist_ok=True)
         if self.in_cache:
@@ -318,7 +318,7 @@ class StageMessages(Instrument):
         return {"messages": self.messages.get(stage, ())}
 
 
-def instruments_for(run: RunOptions) -> list[Instrument]:
+def instruments_for(run: DriverOptions) -> list[Instrument]:
     """The instruments a run's options ask for, outermost first: the reproducer wraps
     everything, timing is innermost so it times the stage alone."""
     instruments: list[Instrument] = []

@@ -1,0 +1,44 @@
+"""The backends by name: one entry each, with everything that identifies it.
+
+Data only (no backend is imported here), so every layer may read it: the CLI lists the
+backends before torch loads, the placement report names delegates as users know them,
+the runtime finds who runs a payload. `compiler.backends` loads the packages.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Target:
+    name: str  # as the API and the CLI take it
+    display_name: str  # as reports say it
+    package: str  # the backend's package, in compiler.backends
+    class_name: str  # its Backend class there
+    # The id its payloads carry in a .pte (None: it makes no delegate).
+    delegate_id: str | None = None
+    # The class (in its package, "module:Class") that runs its payloads in the reference
+    # executor when the pip runtime lacks the delegate: `Runner(payload: bytes, executor)`
+    # once per delegate, with `.graph_inputs` and `.execute(inputs) -> outputs` per call.
+    reference_runner: str | None = None
+    # Where its payloads run, for the error a machine that cannot run them gives.
+    runs_on: str | None = None
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("portable", "portable CPU", "compiler.backends.portable", "PortableBackend"),
+    Target("xnnpack", "XNNPACK", "compiler.backends.xnnpack", "XnnpackBackend", "XnnpackBackend"),
+    Target(
+        "coreml", "Core ML", "compiler.backends.coreml", "CoreMLBackend", "CoreMLBackend",
+        "compiler.backends.coreml.reference:CoreMLDelegate",
+        "an Apple device (macOS, iOS) whose ExecuTorch runtime is built with the Core ML delegate",
+    ),
+    Target(
+        "mlx", "MLX", "compiler.backends.mlx", "MLXBackend", "MLXBackend",
+        "compiler.backends.mlx.reference:MLXDelegate",
+    ),
+)
+
+BY_NAME = {target.name: target for target in TARGETS}
+BY_DELEGATE_ID = {target.delegate_id: target for target in TARGETS if target.delegate_id}

@@ -1,0 +1,28 @@
+"""The layers import downward only: import-linter's contracts (pyproject.toml) hold."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_are_kept():
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    done = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_an_upward_import_breaks_a_contract(tmp_path):
+    """The contracts see an import from ir up into the driver (a copy of the package gets one)."""
+    shutil.copytree(ROOT / "compiler", tmp_path / "compiler", ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    upward = tmp_path / "compiler" / "ir" / "graph.py"
+    upward.write_text(upward.read_text() + "\n\ndef _upward():\n    from compiler.driver import config  # noqa: F401\n")
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    done = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": str(Path(sys.executable).parent)})
+    assert done.returncode != 0
+    assert "compiler.ir.graph -> compiler.driver.config" in done.stdout
