@@ -44,6 +44,21 @@ def test_artifact_has_pte_report_and_every_stage(small_model, tmp_path):
     assert (tmp_path / "m.pte").read_bytes() == artifact.pte
 
 
+def test_compile_returns_one_result_wherever_it_stops(small_model, tmp_path):
+    model, inputs = small_model
+    stopped = compiler.compile(model, inputs, "xnnpack", stop_after="partition")
+    assert type(stopped) is compiler.CompileResult and stopped.stopped_after == "partition"
+    assert isinstance(stopped.artifact, PartitionedProgram) and stopped.stages["partition"] is stopped.artifact
+    assert list(stopped.stages) == list(STAGE_NAMES[: STAGE_NAMES.index("partition") + 1])
+    assert stopped.config.backend == "xnnpack" and [r.stage for r in stopped.report.stages][-1] == "partition"
+    for needs_a_program in (lambda: stopped.pte, lambda: stopped.save(tmp_path / "x.pte"), lambda: stopped.run(*inputs)):
+        with pytest.raises(compiler.UserInputError, match="stopped after partition: it has a PartitionedProgram"):
+            needs_a_program()
+    assert not (tmp_path / "x.pte").exists()
+    whole = compiler.compile(model, inputs, "xnnpack")
+    torch.testing.assert_close(whole.run(*inputs)[0], compiler.run(whole, inputs)[0])
+
+
 def test_earlier_stage_artifacts_are_not_changed_by_later_stages(small_model):
     model, inputs = small_model
     artifact = compiler.compile(model, inputs, "xnnpack")
@@ -215,4 +230,4 @@ class ReturnsMaxAlongDim(torch.nn.Module):
 def test_a_model_returning_return_types_compiles():
     model, x = ReturnsMaxAlongDim(), torch.randn(3, 5)
     artifact = compiler.compile(model, (x,), "portable")
-    assert [torch.equal(a, b) for a, b in zip(compiler.run(artifact, (x,)), model(x))] == [True, True]
+    assert [torch.equal(a, b) for a, b in zip(compiler.run(artifact, (x,)), model(x), strict=True)] == [True, True]

@@ -580,14 +580,14 @@ def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
         stock = f" | stock: {case.stock.kind}" if case.stock else ""
         terminal.say(f"{case.number:4} {case.ours.kind}{stock}")
 
-    run = campaign.fuzz(
+    found = campaign.fuzz(
         args.backend or DEFAULT_BACKEND, args.examples, args.seed, out_dir=args.out_dir,
         with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress,
     )
-    terminal.say(f"\n{run.table()}\n\n{run.details()}")
-    for case in run.failures + run.shrunk:
+    terminal.say(f"\n{found.table()}\n\n{found.details()}")
+    for case in found.failures + found.shrunk:
         terminal.say(f"reproducer: {case.reproducer} ({case.ours.kind})")
-    return 1 if run.failures else 0
+    return 1 if found.failures else 0
 
 
 def _examples(args: argparse.Namespace, terminal: Terminal) -> int:

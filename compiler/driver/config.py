@@ -161,7 +161,7 @@ class OptionSpec:
     """One user-facing option: where it lives and how it is shown."""
 
     name: str  # the one name: API keyword, `--flag-form`, README row
-    stage: str | None  # the stage it belongs to; None for run options and the backend
+    stage: str | None  # the stage it belongs to; None for driver options and the backend
     field: str
     kind: type
     default: Any
@@ -209,7 +209,7 @@ def _specs(cls: type, stage: str | None, in_config: bool) -> Iterator[OptionSpec
 
 
 def options() -> tuple[OptionSpec, ...]:
-    """Every option a user can set, stage options in pipeline order, then run options."""
+    """Every option a user can set, stage options in pipeline order, then driver options."""
     specs = [spec for stage in STAGE_NAMES if stage in STAGE_OPTIONS for spec in _specs(STAGE_OPTIONS[stage], stage, True)]
     specs += _specs(DriverOptions, None, False)
     return tuple(specs)
@@ -240,7 +240,7 @@ def options_table() -> str:
         default = "-" if spec.default in (None, ()) else f"`{spec.default!r}`"
         flag = spec.flag + (" (repeat)" if spec.repeated else "")
         choices = f" ({' / '.join(spec.choices)})" if spec.choices and spec.stage else ""
-        lines.append(f"| {spec.stage or 'run'} | `{spec.name}` | `{flag}` | {default} | {spec.flag_help}{choices} |")
+        lines.append(f"| {spec.stage or 'driver'} | `{spec.name}` | `{flag}` | {default} | {spec.flag_help}{choices} |")
     return "\n".join(lines)
 
 
