@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from compiler.backends.base import Backend
     from compiler.driver.cache import StageCache
     from compiler.driver.config import DriverOptions
-    from compiler.driver.pipeline import PipelineResult
     from compiler.ir.artifacts import EagerModel, ExecutorchProgram
     from compiler.reporting.report import Override, Report
     from compiler.driver.stage_files import StageFile

@@ -78,7 +78,6 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from compiler.stages.options import CaptureOptions
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument

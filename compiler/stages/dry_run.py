@@ -39,8 +39,7 @@ from torch.export import ExportedProgram
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from compiler.backends.base import Backend, KeepWhole
-from compiler.stages.options import DryRunOptions
+from compiler.backends.base import Backend
 from compiler.ir.artifacts import AtenProgram, EdgeProgram, KeepWholePlan, PlannedProgram
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes

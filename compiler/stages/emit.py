@@ -9,7 +9,6 @@ from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
 
-from compiler.stages.options import EmitOptions
 from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
 from compiler.ir.private_api import delegate_outputs_from_call_sites, deserialize_pte

@@ -277,7 +277,6 @@ def fold_constants(
     """Fold `ep` in place. `skip` replaces the default skip set; see `FoldStage` for adding to it."""
     skip = frozenset(default_skip_ops(dialect) if skip is None else skip)
     known = _evaluate(ep, skip)
-    placeholders = {n for n in known if n.op == "placeholder"}
     folded = [n for n in known if n.op != "placeholder"]
     constants = _Constants(ep)
     output = ep.graph.output_node()

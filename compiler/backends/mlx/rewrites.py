@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 from torch.export import ExportedProgram
 
+from compiler.backends.mlx.arguments import argument, ignored_argument
 from compiler.ir.dialect import op_name
 from compiler.ir.private_api import edge_ops
 
@@ -141,16 +142,14 @@ def _replace(program: ExportedProgram, old: torch.fx.Node, new: torch.fx.Node) -
 def _ignored_argument_call(node: torch.fx.Node) -> Optional[tuple[int, Optional[int]]]:
     """(dim, k) of a sort/argsort with descending=True or a topk with largest=False, whose
     input has a static shape; k is None for sort/argsort."""
-    from compiler.backends.mlx import support
-
-    if node.op != "call_function" or support.ignored_argument(node) is None:
+    if node.op != "call_function" or ignored_argument(node) is None:
         return None
     source = _tensor(node.args[0])
     if source is None or not _static(source.shape) or source.dim() == 0:
         return None
     name = op_name(node.target)
-    dim = support._argument(node, "dim", -1) % source.dim()
-    return (dim, support._argument(node, "k", None)) if name == "aten.topk.default" else (dim, None)
+    dim = argument(node, "dim", -1) % source.dim()
+    return (dim, argument(node, "k", None)) if name == "aten.topk.default" else (dim, None)
 
 
 def ignored_arguments_made_explicit(program: ExportedProgram) -> int:
@@ -193,11 +192,9 @@ _ARG_REDUCTIONS = ("aten.argmax.default", "aten.argmin.default")
 
 def _flat_arg_reduction_keeping_dims(node: torch.fx.Node) -> bool:
     """An argmax/argmin over all elements (dim None) with keepdim=True."""
-    from compiler.backends.mlx import support
-
     if node.op != "call_function" or op_name(node.target) not in _ARG_REDUCTIONS:
         return False
-    return support._argument(node, "dim", None) is None and bool(support._argument(node, "keepdim", False))
+    return argument(node, "dim", None) is None and bool(argument(node, "keepdim", False))
 
 
 def kept_dims_made_explicit(program: ExportedProgram) -> int:

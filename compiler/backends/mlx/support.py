@@ -15,6 +15,7 @@ import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from compiler.backends.mlx.rewrites import copy_mismatch, torch_nearest_scales
+from compiler.backends.mlx.arguments import ignored_argument, schema_of
 from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
 from compiler.ir.private_api import aten_overload, mlx_nearest_source_indices
@@ -24,17 +25,9 @@ from compiler.ir.private_api import aten_overload, mlx_nearest_source_indices
 _INDEX_ARGUMENTS = ("indices", "index")
 
 
-def _schema(node: torch.fx.Node):
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        # Edge ops wrap the ATen overload they stand for.
-        schema = getattr(aten_overload(node.target), "_schema", None)
-    return schema
-
-
 def _index_tensors(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
     """The graph nodes `node` reads as index tensors (inside lists too)."""
-    schema = _schema(node)
+    schema = schema_of(node)
     if schema is None:
         return
     for position, argument in enumerate(schema.arguments):
@@ -244,42 +237,6 @@ def integer_matmul_or_conv(node: torch.fx.Node) -> Optional[str]:
     return (
         f"MLX's matmul and conv take floating types only, and this op has {', '.join(integers)} operands; "
         "cast them to float in the model to delegate it"
-    )
-
-
-# Arguments stock 1.5.1's MLX handlers never read, with the only value they honour.
-_IGNORED_ARGUMENTS = {
-    "aten.sort.default": ("descending", False),
-    "aten.argsort.default": ("descending", False),
-    "aten.topk.default": ("largest", True),
-}
-
-
-def _argument(node: torch.fx.Node, name: str, default):
-    """The value `node` passes for the schema argument `name` (its default when not passed)."""
-    for position, argument in enumerate(_schema(node).arguments):
-        if argument.name != name:
-            continue
-        if name in node.kwargs:
-            return node.kwargs[name]
-        return node.args[position] if position < len(node.args) else default
-    return default
-
-
-def ignored_argument(node: torch.fx.Node) -> Optional[str]:
-    """Stock 1.5.1's MLX sort, argsort and topk handlers read only the tensor, k and dim:
-    `sort(descending=True)` came back ascending and `topk(largest=False)` gave the largest
-    values, silently. Those calls stay on the CPU."""
-    ignored = _IGNORED_ARGUMENTS.get(op_name(node.target))
-    if ignored is None:
-        return None
-    name, honoured = ignored
-    value = _argument(node, name, honoured)
-    if value == honoured:
-        return None
-    return (
-        f"ExecuTorch 1.5.1's MLX handler ignores {name} (it computes {name}={honoured}), and this call "
-        f"passes {name}={value}"
     )
 
 
