@@ -1,15 +1,16 @@
-"""The transformers model suite on every backend: the README's table, generated.
+"""The transformers model suite on every backend: the table of docs/model-suite.md, generated.
 
-    python -m benchmarks.model_suite [--readme README.md] [--json benchmarks/results/model_suite.json]
-    python -m benchmarks.model_suite --backends coreml --json benchmarks/results/model_suite.json --readme README.md
+    python -m benchmarks.model_suite [--doc docs/model-suite.md] [--json benchmarks/results/model_suite.json]
+    python -m benchmarks.model_suite --backends coreml --json benchmarks/results/model_suite.json --doc docs/model-suite.md
 
 For each model of `compiler.models.model_suite` (tiny, random weights, from configs) and each
 backend it compiles, runs the program (portable and XNNPACK with ExecuTorch's runtime, MLX
 and Core ML in the reference executor; the Llama decoder for two steps, so its KV cache
 matters), and
 records: compiled or the error, the largest difference from eager, the fraction of ops
-delegated, and the compile time. With `--readme` the table between the
-`model-suite-table` markers is replaced.
+delegated, and the compile time. With `--doc` the table between the
+`model-suite-table` markers of that file is replaced (tests/test_readme.py checks it
+is the table the committed `--json` results give).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(model_suite.SUITE), default=list(model_suite.SUITE))
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
-    parser.add_argument("--readme", help="replace the table between the model-suite-table markers of this file")
+    parser.add_argument("--doc", help="replace the table between the model-suite-table markers of this file (docs/model-suite.md)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.ERROR)
@@ -115,8 +116,8 @@ def main() -> None:
     complete = all(set(BACKENDS) <= set(results.get(name, {})) for name in model_suite.SUITE)
     text = table(results) if complete else json.dumps(results, indent=2)
     print(text)
-    if args.readme:
-        readme.write_file(args.readme, "model-suite-table", text)
+    if args.doc:
+        readme.write_file(args.doc, "model-suite-table", text)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

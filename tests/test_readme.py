@@ -1,6 +1,9 @@
-"""The README's two set-up commands stay true: CI runs the test command verbatim."""
+"""The README's two set-up commands stay true (CI runs the test command verbatim), and the
+generated sections of docs/ are what the code (or the committed measurements) give."""
 
+import json
 import pathlib
+import re
 
 import pytest
 
@@ -17,8 +20,42 @@ def test_ci_runs_the_readme_test_command():
 
 
 @pytest.mark.parametrize("name", list(readme.GENERATED))
-def test_each_generated_readme_section_is_what_the_code_generates(name):
-    text = (ROOT / "README.md").read_text()
+def test_each_generated_section_is_what_the_code_generates(name):
+    text = (ROOT / readme.document(name)).read_text()
     assert readme.section(text, name) == readme.generator(name)().strip(), (
-        "regenerate it: python -m compiler.tools.readme README.md"
+        "regenerate it: python -m compiler.tools.readme"
     )
+
+
+def test_the_model_suite_table_is_the_committed_results():
+    from benchmarks import model_suite  # light: builds no model
+
+    with open(ROOT / "benchmarks" / "results" / "model_suite.json") as f:
+        results = json.load(f)["results"]
+    text = (ROOT / readme.document("model-suite-table")).read_text()
+    assert readme.section(text, "model-suite-table") == model_suite.table(results), (
+        "regenerate it: python -m benchmarks.model_suite --json benchmarks/results/model_suite.json "
+        f"--doc {readme.document('model-suite-table')}"
+    )
+
+
+def _documents():
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_generated_sections_live_only_in_their_document():
+    for path in _documents():
+        text = path.read_text()
+        for name in [*readme.GENERATED, *readme.MEASURED]:
+            if path != ROOT / readme.document(name):
+                assert f"<!-- {name}:begin -->" not in text, f"{path.relative_to(ROOT)} holds a copy of {name}"
+
+
+def test_doc_links_resolve_inside_the_project():
+    for path in _documents():
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text()):
+            if "://" in target:
+                continue
+            resolved = (path.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT), f"{path.relative_to(ROOT)} links outside the project: {target}"
+            assert resolved.exists(), f"{path.relative_to(ROOT)} links to a missing file: {target}"

@@ -1,24 +1,46 @@
-"""The README's generated sections, each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`.
+"""The documentation's generated sections, each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`.
 
-What the code knows (the options, the MIL ops the Core ML reference interpreter runs) is
-written into the README from the code, never by hand, and a test keeps the two equal:
+What the code knows (the options, the MIL ops the Core ML reference interpreter runs, the
+portable kernels' limits) is written into the docs from the code, never by hand, and a
+test (tests/test_readme.py) keeps the two equal:
 
-    python -m compiler.tools.readme README.md      # rewrite every generated section
+    python -m compiler.tools.readme          # rewrite every generated section in its file
+
+Paths are relative to the project's root (the folder holding README.md), where the
+command is run. The model suite's results table is measured, not generated from the
+code: `python -m benchmarks.model_suite --doc docs/model-suite.md` writes it.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
-from typing import Callable
+from typing import Callable, NamedTuple
 
-# Section name -> the function (module:name) that returns its text.
-GENERATED: dict[str, str] = {
-    "options-table": "compiler.driver.config:options_table",
-    "coreml-mil-ops": "compiler.backends.coreml.interpreter:coverage_text",
-    "portable-kernel-limits": "compiler.stages.cpu_rewrites:limits_table",
+
+class Generated(NamedTuple):
+    document: str  # the file holding the section, relative to the project's root
+    function: str  # module:name of the function that returns its text
+
+
+# Section name -> where it lives and what generates it.
+GENERATED: dict[str, Generated] = {
+    "options-table": Generated("docs/options.md", "compiler.driver.config:options_table"),
+    "coreml-mil-ops": Generated("docs/backends.md", "compiler.backends.coreml.interpreter:coverage_text"),
+    "portable-kernel-limits": Generated("docs/stages.md", "compiler.stages.cpu_rewrites:limits_table"),
 }
+
+# Sections a benchmark writes from what it measured: name -> the file holding it.
+MEASURED: dict[str, str] = {
+    "model-suite-table": "docs/model-suite.md",
+}
+
+
+def document(name: str) -> str:
+    """The file (relative to the project's root) that holds section `name`."""
+    return GENERATED[name].document if name in GENERATED else MEASURED[name]
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -35,7 +57,7 @@ def section(text: str, name: str) -> str:
     found = _pattern(name).search(text)
     if found is None:
         begin, end = _markers(name)
-        raise ValueError(f"the README has no {begin} ... {end} markers")
+        raise ValueError(f"the text has no {begin} ... {end} markers")
     return found.group(1).strip()
 
 
@@ -46,7 +68,7 @@ def replace_section(text: str, name: str, content: str) -> str:
 
 
 def generator(name: str) -> Callable[[], str]:
-    module_name, function_name = GENERATED[name].split(":")
+    module_name, function_name = GENERATED[name].function.split(":")
     return getattr(importlib.import_module(module_name), function_name)
 
 
@@ -57,8 +79,15 @@ def write_file(path: str, name: str, content: str) -> None:
         f.write(replace_section(text, name, content))
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m compiler.tools.readme README.md")
+def write_all(root: str = ".") -> None:
+    """Rewrite every generated section in its file under `root`."""
     for name in GENERATED:
-        write_file(sys.argv[1], name, generator(name)())
+        write_file(os.path.join(root, document(name)), name, generator(name)())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        raise SystemExit("usage: python -m compiler.tools.readme [PROJECT_ROOT]")
+    given = sys.argv[1] if len(sys.argv) == 2 else "."
+    # The older spelling named the README (`... readme README.md`): its folder is the root.
+    write_all(given if os.path.isdir(given) else os.path.dirname(given) or ".")
