@@ -11,7 +11,7 @@ not replayed.
 
 Options have one name everywhere: `<stage>_<field>` (`fold_skip_ops`) as an API
 keyword, `--fold-skip-ops` as a flag. `options()` lists them all; the CLI and
-the README's table are generated from it.
+the options table (docs/options.md) are generated from it.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ class DriverOptions:
 class OptionSpec:
     """One user-facing option: where it lives and how it is shown."""
 
-    name: str  # the one name: API keyword, `--flag-form`, README row
+    name: str  # the one name: API keyword, `--flag-form`, docs row
     stage: str | None  # the stage it belongs to; None for driver options and the backend
     field: str
     kind: type
@@ -234,7 +234,7 @@ def split_options(given: Mapping[str, Any]) -> tuple[dict[str, Any], DriverOptio
 
 
 def options_table() -> str:
-    """The Markdown table of every option (generated into the README)."""
+    """The Markdown table of every option (generated into docs/options.md)."""
     lines = ["| of | API keyword | CLI flag | default | what it does |", "|---|---|---|---|---|"]
     for spec in options():
         default = "-" if spec.default in (None, ()) else f"`{spec.default!r}`"

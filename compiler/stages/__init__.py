@@ -2,7 +2,7 @@
 
 Each row names a stage, the class that runs it (in `compiler/stages/<name>.py`) and its
 options class (`compiler.stages.options`). The configuration's stage options, the CLI's
-choices, `stop_after`, the README's option table and the dump file names all derive
+choices, `stop_after`, the option table (docs/options.md) and the dump file names all derive
 from it: adding a stage is one row here and its module. This module is light (no
 torch), so the CLI can build its flags before torch loads; `default_stages()` imports
 the stages themselves.

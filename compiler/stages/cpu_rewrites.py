@@ -227,7 +227,7 @@ def rewrite_for_cpu_kernels(
 
 
 def limits_table() -> str:
-    """The README's table of the portable kernels' limits and what the compiler does about each."""
+    """The table (docs/stages.md) of the portable kernels' limits and what the compiler does about each."""
     rows = ["| op | the kernel refuses | its check | what the compiler does |", "|---|---|---|---|"]
     for limit in KERNEL_LIMITS:
         rewrite = REWRITES.get(limit.name)

@@ -68,7 +68,7 @@ def option(
     takes: str | None = None,
 ):
     """An attrs field that is also a user-facing option: its help text, value kind, choices and
-    metavar are what the CLI flag and the README's table are made from; `takes` PATH or STREAM
+    metavar are what the CLI flag and the options table (docs/options.md) are made from; `takes` PATH or STREAM
     widens what a value may be."""
     kind = kind or type(default)
     return attrs.field(

@@ -39,7 +39,7 @@ def covered_ops() -> list[str]:
 
 
 def coverage_text() -> str:
-    """The covered op list, for the README (`python -m compiler.tools.readme README.md`)."""
+    """The covered op list, for docs/backends.md (`python -m compiler.tools.readme`)."""
     ops = covered_ops()
     return f"The interpreter runs {len(ops)} MIL op types: " + ", ".join(f"`{op}`" for op in ops) + "."
 
