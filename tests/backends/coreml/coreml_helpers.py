@@ -65,3 +65,10 @@ def models(artifact):
     return read_models(artifact.pte)
 
 
+
+
+def assert_matches_eager(artifact, model, inputs, tolerance=None):
+    """Run the program (Core ML payloads through the MIL interpreter) and compare with eager,
+    at the tolerance of the precision it computes in unless one is given."""
+    check = compiler.compare_with_eager(artifact, model.eval(), inputs, tolerance)
+    assert check.passed, check

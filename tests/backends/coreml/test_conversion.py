@@ -7,7 +7,7 @@ from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_O
 
 from compiler.backends.coreml import conversion
 from compiler.backends.coreml.payload import read_models
-from coreml_helpers import compile_coreml, cpu_ops, models, stock_error, stock_pte
+from coreml_helpers import assert_matches_eager, compile_coreml, cpu_ops, models, stock_error, stock_pte
 
 
 class IntFill(nn.Module):
@@ -30,6 +30,7 @@ def test_fill_keeps_torch_dtype():
     artifact = compile_coreml(model, inputs)
     (ours,) = models(artifact)
     assert _output_dtype(ours, "aten_full_default") == "int32"
+    assert_matches_eager(artifact, model, inputs)
 
 
 class Gelu(nn.Module):
@@ -41,8 +42,10 @@ def test_gelu_tanh_converts_as_tanh_approximation():
     model, inputs = Gelu(), (torch.randn(2, 4),)
     (stock,) = read_models(stock_pte(model, inputs))
     assert stock.ops_of_type("gelu")[0].constants["mode"] == "EXACT"
-    (ours,) = models(compile_coreml(model, inputs))
+    artifact = compile_coreml(model, inputs)
+    (ours,) = models(artifact)
     assert ours.ops_of_type("gelu")[0].constants["mode"] == "TANH_APPROXIMATION"
+    assert_matches_eager(artifact, model, inputs)
 
 
 class RMS(nn.Module):
@@ -61,6 +64,7 @@ def test_rms_norm_without_eps_gets_machine_epsilon():
     assert not cpu_ops(artifact)
     (ours,) = models(artifact)
     assert "reduce_mean" in ours.op_types() and "sqrt" in ours.op_types()
+    assert_matches_eager(artifact, model, inputs)
 
 
 class Repeats(nn.Module):
@@ -72,9 +76,11 @@ def test_output_repeating_an_input_gets_its_own_copy():
     model, inputs = Repeats(), (torch.randn(2, 4),)
     (stock,) = read_models(stock_pte(model, inputs))
     assert stock.outputs[0] in stock.inputs  # stock returns the input itself
-    (ours,) = models(compile_coreml(model, inputs))
+    artifact = compile_coreml(model, inputs)
+    (ours,) = models(artifact)
     assert len(set(ours.outputs)) == 2
     assert not set(ours.outputs) & set(ours.inputs)
+    assert_matches_eager(artifact, model, inputs)
 
 
 def test_fixes_are_active_only_while_lowering():
@@ -95,10 +101,12 @@ class FloatZerosOfMask(nn.Module):
 def test_zeros_like_of_bool_mask_converts_as_float():
     model, inputs = FloatZerosOfMask(), (torch.randn(2, 4),)
     (stock,) = read_models(stock_pte(model, inputs))
-    (ours,) = models(compile_coreml(model, inputs))
+    artifact = compile_coreml(model, inputs)
+    (ours,) = models(artifact)
     # Stock fills with bool, so masked_fill(-1.0) computes in bool (-1 becomes True, i.e. 1.0).
     assert list(stock.ops_of_type("select")[0].outputs.values()) == ["bool"]
     assert list(ours.ops_of_type("select")[0].outputs.values()) == ["float16"]
+    assert_matches_eager(artifact, model, inputs)
 
 
 class BoolMaskAttention(nn.Module):
@@ -128,6 +136,7 @@ def test_multihead_attention_with_bool_mask_fills_the_mask_as_float():
     (fill,) = ours.ops_of_type("select")  # the mask fill, computed as float
     assert list(fill.outputs.values()) == ["float16"]
     assert "softmax" in ours.op_types()
+    assert_matches_eager(artifact, model, inputs)
 
 
 class WhereOfScalars(nn.Module):

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from compiler.running.runtime import compare_with_eager
-from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error, stock_pte
+from coreml_helpers import assert_matches_eager, compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error, stock_pte
 
 
 class BoolReduce(nn.Module):
@@ -35,6 +35,7 @@ def test_min_max_over_bool_runs_on_cpu(reduce, op):
     assert "gt" in " ".join(delegated_ops(artifact))
     reason = next(r for n, r in cpu_reasons(artifact).items() if cpu_ops(artifact)[n] == op)
     assert "over bool" in reason
+    assert_matches_eager(artifact, model, inputs)
 
 
 def test_stock_fails_on_bool_amax():
@@ -56,6 +57,7 @@ def test_bitwise_and_of_integers_runs_on_cpu_and_of_bools_on_core_ml():
     assert len(on_cpu) == 1
     assert "only of bool" in cpu_reasons(artifact)[on_cpu[0]]
     assert "bitwise_and" in " ".join(delegated_ops(artifact))  # the bool one stays delegated
+    assert_matches_eager(artifact, model, inputs)
 
 
 def test_stock_fails_on_bitwise_and_of_integers():
@@ -282,6 +284,7 @@ def test_scalars_read_at_run_time_stay_on_cpu():
     for op in ("aten._local_scalar_dense.default", "aten.slice_copy.Tensor"):
         assert "a number read from a tensor at run time" in on_cpu[op]
     assert "aten.mul.Tensor" in delegated_ops(artifact) and "aten.sum.default" in delegated_ops(artifact)
+    assert_matches_eager(artifact, FirstPositives(), _first_positives_inputs())
 
 
 class AssignIntoBool(nn.Module):
