@@ -179,7 +179,7 @@ def test_without_verification_the_same_program_only_fails_at_load():
     inputs = (torch.randn(2, 3, 4), torch.randn(2, 4, 5))
     artifact = compiler.compile(Matmul(), inputs, KeepsMatmulButTakesNothing(), verify=False)
     assert "aten::matmul.out" in artifact.program.operators
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match=r"Failed to load method forward, error: 0x:?14"):  # 0x14: OperatorMissing
         compiler.run(artifact, inputs)
 
 
