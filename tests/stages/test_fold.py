@@ -60,7 +60,7 @@ def test_folded_output_gets_an_aten_clone_on_an_aten_program(tmp_path):
     folded._validate()
     torch.export.save(folded, tmp_path / "folded.pt2")
     assert metrics["folded"] == 2 and metrics["constants"] == 1
-    for out, want in zip(folded.module()(*inputs), model(*inputs)):
+    for out, want in zip(folded.module()(*inputs), model(*inputs), strict=True):
         torch.testing.assert_close(out, want)
 
 
@@ -196,9 +196,11 @@ def test_constant_bool_masks_become_positions_and_match_eager(backend):
     folded = artifact.stages["fold"].program
     index_nodes = [n for n in folded.graph.nodes if n.target == torch.ops.aten.index.Tensor]
     assert len(index_nodes) == 3
+    shapes = [tuple(node.meta["val"].shape) for node in index_nodes]
+    assert all(type(size) is int for shape in shapes for size in shape), shapes  # static, not data-dependent
+    assert shapes == [tuple(out.shape) for out in model(*inputs)]  # each index selects what eager's mask does
     for node in index_nodes:
         (position,) = [i for i in node.args[1] if i is not None]
-        assert node.meta["val"].shape.numel() == int(node.meta["val"].numel())  # static shape
         assert position.meta["val"].dtype == torch.int64
     # the 2-D mask indexes once with flat positions, not once per dimension
     flat = [n for n in index_nodes if len(n.args[1]) == 1][0]
@@ -335,10 +337,10 @@ def test_a_value_written_in_place_is_not_folded():
     assert [c.dtype for c in folded_constants] == [torch.int64]  # only the index tensor
     artifact = compiler.compile(model, (x,), backend="portable", reproducer=False)
     for _ in range(2):  # the writes do not outlive a call
-        for out, want in zip(compiler.run(artifact, (x,)), model(x)):
+        for out, want in zip(compiler.run(artifact, (x,)), model(x), strict=True):
             torch.testing.assert_close(out, want)
     x2 = torch.randn(4, 4)
-    for out, want in zip(compiler.run(artifact, (x2,)), model(x2)):
+    for out, want in zip(compiler.run(artifact, (x2,)), model(x2), strict=True):
         torch.testing.assert_close(out, want)
 
 
@@ -404,6 +406,6 @@ class InputFree(torch.nn.Module):
 def test_a_program_without_inputs_folds_and_runs():
     model = InputFree()
     artifact = compiler.compile(model, (), "portable")
-    for out, expected in zip(compiler.run(artifact, ()), model()):
+    for out, expected in zip(compiler.run(artifact, ()), model(), strict=True):
         assert out.dtype == expected.dtype and torch.equal(out, expected)
 
