@@ -57,9 +57,9 @@ def _compile_and_compare(model, inputs, kinds: set[str], tolerance: float = TOLE
         expected = model(*inputs)
     expected = expected if isinstance(expected, (tuple, list)) else (expected,)
     assert len(got) == len(expected)
-    for ours, theirs in zip(got, expected):
-        assert ours.shape == theirs.shape
-        torch.testing.assert_close(ours.to(theirs.dtype), theirs, atol=tolerance, rtol=tolerance)
+    for ours, theirs in zip(got, expected, strict=True):
+        assert (ours.shape, ours.dtype) == (theirs.shape, theirs.dtype)
+        torch.testing.assert_close(ours, theirs, atol=tolerance, rtol=tolerance)
     return artifact
 
 
