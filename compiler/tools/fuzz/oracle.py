@@ -69,10 +69,10 @@ def eager_outputs(program: Program | Reproducer) -> list[list[torch.Tensor]]:
 
 def compare(program: Program | Reproducer, got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) -> str | None:
     """Why `got` is not eager's `want`, or None when every output matches."""
-    for call, (outputs, expected) in enumerate(zip(got, want)):
+    for call, (outputs, expected) in enumerate(zip(got, want, strict=True)):
         if len(outputs) != len(expected):
             return f"call {call}: {len(outputs)} outputs, eager has {len(expected)}"
-        for i, (g, w) in enumerate(zip(outputs, expected)):
+        for i, (g, w) in enumerate(zip(outputs, expected, strict=True)):
             where = f"call {call} output {i} ({program.names[i]}, {w.dtype})"
             if g.dtype != w.dtype:
                 return f"{where}: dtype {g.dtype}, eager {w.dtype}"
