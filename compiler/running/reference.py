@@ -274,7 +274,7 @@ class _Method:
         n_in = run.graph_inputs
         args = call.args
         outputs = run.execute([self.get(i) for i in args[:n_in]])
-        for index, value in zip(args[n_in:], outputs):
+        for index, value in zip(args[n_in:], outputs, strict=True):
             self.write(index, value)
 
 

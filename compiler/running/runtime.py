@@ -164,7 +164,7 @@ def compare_with_eager(
         )
     max_abs = max_rel = largest = integer_error = 0.0
     per_output = []
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         floating = want.is_floating_point() or want.is_complex()
         got, want = got.to(torch.float64), want.to(torch.float64)
         if got.shape != want.shape:

@@ -165,7 +165,7 @@ def eager(module: OneOp) -> list[torch.Tensor] | None:
 
 def compare(outputs: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
     assert len(outputs) == len(expected)
-    for out, want in zip(outputs, expected):
+    for out, want in zip(outputs, expected, strict=True):
         assert out.shape == want.shape and out.dtype == want.dtype, (out.shape, out.dtype, want.shape, want.dtype)
         tolerance = TOLERANCE.get(want.dtype, 0.0)  # an int input can give a float output (exp, cos, ...)
         torch.testing.assert_close(out, want, atol=tolerance, rtol=tolerance, equal_nan=True)
@@ -173,7 +173,7 @@ def compare(outputs: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
 
 def same(left: list[torch.Tensor], right: list[torch.Tensor]) -> bool:
     return len(left) == len(right) and all(
-        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(left, right)
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(left, right, strict=True)
     )
 
 

@@ -120,4 +120,4 @@ def test_outputs_that_are_return_types_round_trip_through_a_stage_file(tmp_path)
     assert [child.type for child in spec.children()] == [tuple, tuple]  # capture made them plain tuples
     resumed = compiler.compile(None, None, "portable", resume_from=_stage_file(tmp_path, "decompose"))
     expected = [t for pair in model(x) for t in pair]
-    assert [torch.equal(a, b) for a, b in zip(compiler.run(resumed, (x,)), expected)] == [True] * 4
+    assert [torch.equal(a, b) for a, b in zip(compiler.run(resumed, (x,)), expected, strict=True)] == [True] * 4

@@ -30,7 +30,7 @@ def _build(name):
 
 
 def _assert_matches_eager(name, got, want):
-    for g, w in zip(got, want if isinstance(want, tuple) else (want,)):
+    for g, w in zip(got, want if isinstance(want, tuple) else (want,), strict=True):
         assert g.shape == w.shape
         error = (g - w).abs().max().item()
         assert error <= TOLERANCE[name], f"{name}: max |ours - eager| = {error:.3g} > {TOLERANCE[name]}"

@@ -86,7 +86,7 @@ def test_constants_in_an_ambiguous_layout_are_stored_row_major_and_match_eager(b
     with pytest.raises(RuntimeError, match="failed with error 0x1[02]"):
         Runtime.get().load_program(stock).load_method("forward").execute(list(args))
     artifact = compiler.compile(model, args, backend)
-    for got, want in zip(compiler.run(artifact, args), model(*args)):
+    for got, want in zip(compiler.run(artifact, args), model(*args), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -199,7 +199,7 @@ def test_indexing_by_a_zero_dim_tensor_reads_no_value_at_run_time(backend, index
     with pytest.raises(Exception, match="data-dependent"):
         to_edge_transform_and_lower(torch.export.export(IndexByZeroDimTensor(), (x, i)))  # stock
     artifact = compiler.compile(IndexByZeroDimTensor(), (x, i), backend)
-    for got, want in zip(compiler.run(artifact, (x, i)), IndexByZeroDimTensor()(x, i)):
+    for got, want in zip(compiler.run(artifact, (x, i)), IndexByZeroDimTensor()(x, i), strict=True):
         torch.testing.assert_close(got, want)
     ops = {str(n.target) for n in artifact.stages["capture"].program.graph.nodes}
     assert "aten.item.default" not in ops and "aten.index_select.default" in ops
@@ -243,7 +243,7 @@ def test_a_constant_written_in_forward_becomes_a_buffer_and_carries_state(backen
     program, metrics = _capture(WritesAConstant(), inputs[0])
     assert metrics["constants_made_buffers"] == 2
     loaded = compiler.LoadedProgram(compiler.compile(WritesAConstant(), inputs[0], backend))
-    for x, expected in zip(inputs, want):
+    for x, expected in zip(inputs, want, strict=True):
         (got,) = loaded(x)
         torch.testing.assert_close(got, expected)
 
@@ -299,7 +299,7 @@ def test_a_reshape_decided_on_kernel_strides_survives_the_vmap_retrace(backend):
     args = (torch.randn(1, 6, 32),)
     artifact = compiler.compile(VmapMaskBesideAttention(), args, backend)
     if backend != "coreml":
-        for got, want in zip(compiler.run(artifact, args), VmapMaskBesideAttention()(*args)):
+        for got, want in zip(compiler.run(artifact, args), VmapMaskBesideAttention()(*args), strict=True):
             torch.testing.assert_close(got, want)
 
 

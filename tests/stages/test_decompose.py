@@ -188,7 +188,7 @@ def test_a_cat_of_mixed_dtypes_gets_explicit_casts(backend):
         to_edge(torch.export.export(MixedCat(), inputs))  # stock
     artifact = compiler.compile(MixedCat(), inputs, backend)
     if backend != "coreml":
-        for got, want in zip(compiler.run(artifact, inputs), MixedCat()(*inputs)):
+        for got, want in zip(compiler.run(artifact, inputs), MixedCat()(*inputs), strict=True):
             torch.testing.assert_close(got, want)
 
 
@@ -201,7 +201,7 @@ class Remainders(torch.nn.Module):
 def test_integer_remainder_floors_like_torch(backend):
     t, d = torch.tensor([-2, 3, -7, 12], dtype=torch.int32), torch.tensor([5, -3, 3, 5], dtype=torch.int32)
     artifact = compiler.compile(Remainders(), (t, d), backend)
-    for got, want in zip(compiler.run(artifact, (t, d)), Remainders()(t, d)):
+    for got, want in zip(compiler.run(artifact, (t, d)), Remainders()(t, d), strict=True):
         assert torch.equal(got, want)
 
 

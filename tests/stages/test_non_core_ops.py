@@ -42,7 +42,7 @@ def _check(model, inputs, backend, *, kept_on_coreml=None, coreml_cpu=(), gone=(
         expected = expected if isinstance(expected, tuple) else (expected,)
         got = compiler.run(artifact, inputs)
         assert len(got) == len(expected)
-        for g, e in zip(got, expected):
+        for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e, equal_nan=True)
     assert not set(gone) & _edge_ops(artifact)
     return artifact

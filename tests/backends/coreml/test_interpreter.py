@@ -141,7 +141,7 @@ def test_mixed_ops_match_eager(target):
     [program] = load_programs(artifact.pte)
     interpreter = MilInterpreter(program)
     outputs = interpreter.run(dict(zip(interpreter.input_names, (t.numpy() for t in inputs))))
-    for actual, wanted in zip(outputs.values(), expected):
+    for actual, wanted in zip(outputs.values(), expected, strict=True):
         # float32 sums (cumsum over 129 values) in another order than torch: relative to the scale.
         assert _error(actual, wanted) < 1e-6 * max(1.0, float(np.abs(wanted).max()))
 

@@ -132,7 +132,7 @@ def test_topk_without_indices_returns_the_values_only():
     _same(values, _spec("topk", target=ct.target.iOS16, x=x, k=3, axis=-1, return_indices=False))
     both = _run("topk", x=x, k=3, axis=0, ascending=True)
     expected = _spec("topk", target=ct.target.iOS16, x=x, k=3, axis=0, ascending=True)
-    for a, e in zip(both, expected):
+    for a, e in zip(both, expected, strict=True):
         _same(a, e)
     _same(both[0], torch.topk(torch.from_numpy(x), 3, dim=0, largest=False).values.numpy())
 

@@ -333,7 +333,7 @@ def test_descending_sort_and_smallest_topk_match_eager_on_mlx():
     artifact = compiler.compile(model, inputs, backend="mlx")
     cpu = [p.op for p in artifact.stages["partition"].plan.nodes if p.tag is None]
     assert not cpu, cpu  # rewritten, not refused: all on MLX
-    for out, expected in zip(compiler.run(artifact, inputs), model(*inputs)):
+    for out, expected in zip(compiler.run(artifact, inputs), model(*inputs), strict=True):
         assert out.dtype == expected.dtype and torch.equal(out, expected)
 
 
@@ -342,7 +342,7 @@ def _matches_eager_exactly(model, inputs):
     outputs, expected = compiler.run(artifact, inputs), model(*inputs)
     expected = expected if isinstance(expected, tuple) else (expected,)
     assert len(outputs) == len(expected)
-    for out, want in zip(outputs, expected):
+    for out, want in zip(outputs, expected, strict=True):
         assert out.shape == want.shape and out.dtype == want.dtype, (out.shape, out.dtype, want.shape, want.dtype)
         torch.testing.assert_close(out, want)
     return artifact
@@ -408,7 +408,7 @@ def test_integer_floor_division_stays_on_cpu_and_matches_eager():
     artifact = compiler.compile(model, inputs, backend="mlx")
     cpu = {p.op: p.reason for p in artifact.stages["partition"].plan.nodes if p.tag is None}
     assert "mlx::divide" in cpu["aten.div.Tensor_mode"]
-    for out, expected in zip(compiler.run(artifact, inputs), model(*inputs)):
+    for out, expected in zip(compiler.run(artifact, inputs), model(*inputs), strict=True):
         assert out.dtype == expected.dtype and torch.equal(out, expected)
 
 

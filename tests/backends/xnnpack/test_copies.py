@@ -26,5 +26,5 @@ def test_a_copy_used_outside_the_delegate_runs_on_the_cpu():
     with pytest.raises(Exception, match="already in the inputs"):
         to_edge_transform_and_lower(torch.export.export(model, (x,)), partitioner=[XnnpackPartitioner()])
     artifact = compiler.compile(model, (x,), "xnnpack")
-    for got, want in zip(compiler.run(artifact, (x,)), model(x)):
+    for got, want in zip(compiler.run(artifact, (x,)), model(x), strict=True):
         torch.testing.assert_close(got, want)
