@@ -3,20 +3,10 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import AddMul  # tests/tiny_models.py: test modules import it from there
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 logging.getLogger("torchao").setLevel(logging.ERROR)
-
-
-class AddMul(torch.nn.Module):
-    """Tiny model: a Linear (XNNPACK takes it) and a cumsum (stays on the CPU)."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        return torch.cumsum(self.linear(x) * 2.0, dim=-1)
 
 
 @pytest.fixture

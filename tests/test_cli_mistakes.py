@@ -15,46 +15,58 @@ from compiler.cli.main import main
 HEAVY = ("torch", "executorch", "coremltools", "mlx")
 
 
-def _imports_after(argv: list[str]) -> tuple[int, list[str], str]:
-    """Runs the CLI in a fresh interpreter; returns its exit code, the heavy packages it
-    imported, and what it printed."""
+# argv -> (exit code, what it must print), each answered before torch is imported.
+ANSWERED_EARLY = [
+    (["--help"], 0, "compile"),
+    (["compile", "--help"], 0, "default: portable"),
+    (["examples"], 0, "transformer"),
+    (["compile", "mlp", "--backend", "tpu"], 2, "invalid choice: 'tpu'"),
+    (["compile", "mlp", "--stop-after", "optimize"], 2, "invalid choice: 'optimize'"),
+    (["compile", "nosuchmodel"], 2, "neither a built-in example"),
+    (["compile", "mlp", "--backend-option", "no_equals_sign"], 2, "is not KEY=VALUE"),
+    (["compile", "mlp", "-o", "/proc/version/x.pte"], 2, "cannot create the folder"),
+    # /proc exists and passes a permission check, even as root, but no file can be made in it.
+    (["compile", "mlp", "-o", "/proc/x.pte"], 2, "-o '/proc/x.pte': no file can be written in the folder '/proc'"),
+    (["compile", "mlp", "--report-json", "/proc/r.json"], 2, "--report-json '/proc/r.json': no file can be written"),
+    (["compile", "mlp", "-o", "/tmp/" + "x" * 300 + ".pte"], 2, "the file cannot be written (File name too long)"),
+    (["compile", "mlp", "--dump-dir", "/proc"], 2, "--dump-dir '/proc': no file can be written in the folder"),
+]
+
+
+@pytest.fixture(scope="module")
+def answers() -> list[tuple[int, list[str], str]]:
+    """Runs the CLI on each argv of ANSWERED_EARLY, one after another, in one fresh interpreter
+    (a process start each took seconds); returns per argv its exit code, the heavy packages
+    imported so far (none may be: then none of the answers before it imported one either) and
+    what it printed."""
     probe = textwrap.dedent(
         f"""
-        import json, sys
+        import contextlib, io, json, sys
         from compiler.cli.main import main
-        try:
-            code = main({argv!r})
-        except SystemExit as exit:
-            code = exit.code
-        heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))
-        print(json.dumps([code, heavy]), file=sys.__stdout__)
+        answers = []
+        for argv in {[argv for argv, _, _ in ANSWERED_EARLY]!r}:
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                try:
+                    code = main(argv)
+                except SystemExit as exit:
+                    code = exit.code
+            heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))
+            answers.append([code, heavy, printed.getvalue()])
+        print(json.dumps(answers), file=sys.__stdout__)
         """
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
-    return code, heavy, done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(answers) == len(ANSWERED_EARLY)
+    return [(code, heavy, printed + done.stderr) for code, heavy, printed in answers]
 
 
-@pytest.mark.parametrize(
-    "argv, code, said",
-    [
-        (["--help"], 0, "compile"),
-        (["compile", "--help"], 0, "default: portable"),
-        (["examples"], 0, "transformer"),
-        (["compile", "mlp", "--backend", "tpu"], 2, "invalid choice: 'tpu'"),
-        (["compile", "mlp", "--stop-after", "optimize"], 2, "invalid choice: 'optimize'"),
-        (["compile", "nosuchmodel"], 2, "neither a built-in example"),
-        (["compile", "mlp", "--backend-option", "no_equals_sign"], 2, "is not KEY=VALUE"),
-        (["compile", "mlp", "-o", "/proc/version/x.pte"], 2, "cannot create the folder"),
-        # /proc exists and passes a permission check, even as root, but no file can be made in it.
-        (["compile", "mlp", "-o", "/proc/x.pte"], 2, "-o '/proc/x.pte': no file can be written in the folder '/proc'"),
-        (["compile", "mlp", "--report-json", "/proc/r.json"], 2, "--report-json '/proc/r.json': no file can be written"),
-        (["compile", "mlp", "-o", "/tmp/" + "x" * 300 + ".pte"], 2, "the file cannot be written (File name too long)"),
-        (["compile", "mlp", "--dump-dir", "/proc"], 2, "--dump-dir '/proc': no file can be written in the folder"),
-    ],
-)
-def test_answers_before_torch_is_imported(argv, code, said):
-    exit_code, heavy, printed = _imports_after(argv)
+@pytest.mark.parametrize("case", range(len(ANSWERED_EARLY)), ids=[" ".join(a)[:60] for a, _, _ in ANSWERED_EARLY])
+def test_answers_before_torch_is_imported(answers, case):
+    argv, code, said = ANSWERED_EARLY[case]
+    exit_code, heavy, printed = answers[case]
     assert exit_code == code and said in printed
     assert heavy == [], f"{argv} imported {heavy}"
 

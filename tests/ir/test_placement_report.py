@@ -15,9 +15,9 @@ from executorch.exir.backend.partitioner import DelegationSpec
 
 @pytest.fixture(scope="module")
 def compiled():
-    """The conftest's Linear * 2 -> cumsum for XNNPACK: XNNPACK has no cumsum."""
+    """tests/tiny_models.py's Linear * 2 -> cumsum for XNNPACK: XNNPACK has no cumsum."""
     import torch
-    from tests.conftest import AddMul
+    from tiny_models import AddMul
 
     torch.manual_seed(0)
     model, inputs = AddMul().eval(), (torch.randn(2, 8),)

@@ -33,7 +33,8 @@ def _stock(model, args) -> bytes:
     return program.to_executorch().buffer
 
 
-@pytest.mark.parametrize("layers, steps", [(1, 6), (2, 4)])
+# The default run takes one layer; `-m slow` adds two (the slowest compile of the file).
+@pytest.mark.parametrize("layers, steps", [(1, 6), pytest.param(2, 4, marks=pytest.mark.slow)])
 def test_lstm_placement_no_worse_than_stock(layers, steps):
     torch.manual_seed(0)
     model, args = Lstm(layers).eval(), (torch.randn(1, steps, 8),)
