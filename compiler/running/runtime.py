@@ -93,7 +93,7 @@ class LoadedProgram:
 
 
 def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
-    """Run an emitted program (an Artifact, the bytes of any `.pte`, or its path) once on
+    """Run an emitted program (a CompileResult, the bytes of any `.pte`, or its path) once on
     `inputs`; returns its outputs flattened."""
     return LoadedProgram(artifact)(inputs)
 
@@ -149,7 +149,7 @@ class CheckResult:
 def compare_with_eager(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
 ) -> CheckResult:
-    """Run the program (an Artifact, `.pte` bytes or path) and the eager module on the same
+    """Run the program (a CompileResult, `.pte` bytes or path) and the eager module on the same
     inputs; report the largest errors against `tolerance` (absolute, for every output), or
     by default against one that fits the precision the program computes in
     (`Tolerance.for_precision`) for floating-point outputs, and exact integer outputs."""
