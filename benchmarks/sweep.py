@@ -30,9 +30,8 @@ import sys
 import tempfile
 import time
 
+from compiler.stages import STAGE_NAMES
 from compiler.tools import sweeps
-
-PIPELINE = ("capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower", "emit")
 
 
 def jobs(depths, backends) -> list[dict]:
@@ -71,7 +70,7 @@ def timed(job_list, workers: int, cache_dir: str) -> dict:
     if failed:
         raise SystemExit(f"sweep failed: {failed[0].label}: {failed[0].error}")
     capacity = parallel_capacity()
-    stage_sum = {stage: sum(row.stage_seconds.get(stage, 0.0) for row in rows) for stage in PIPELINE}
+    stage_sum = {stage: sum(row.stage_seconds.get(stage, 0.0) for row in rows) for stage in STAGE_NAMES}
     job_seconds = sum(row.seconds for row in rows)
     compile_seconds = sum(row.compile_seconds or 0.0 for row in rows)
     return {
