@@ -70,6 +70,21 @@ def test_a_hit_gives_the_same_program_and_reports_cached_stages(tmp_path, backen
     assert warm.program.operators == cold.program.operators and warm.program.plan == cold.program.plan
 
 
+def test_the_key_covers_every_source_file_of_the_compiler():
+    """An edited stage or backend must miss: the compiler's version in every key digests the
+    whole package's sources, not only the cache module's own folder."""
+    package = os.path.dirname(os.path.abspath(compiler.__file__))
+    sources = {
+        os.path.relpath(os.path.join(folder, name), package)
+        for folder, dirs, files in os.walk(package)
+        if "__pycache__" not in folder
+        for name in files
+        if name.endswith(".py")
+    }
+    assert {"stages/fold.py", "backends/mlx/support.py", "driver/cache.py", "api.py"} <= sources
+    assert set(stage_cache.source_files()) == sources
+
+
 def test_the_api_caches_only_with_a_folder_and_not_when_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     model, inputs = _model()

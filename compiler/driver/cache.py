@@ -59,18 +59,27 @@ def default_cache_dir() -> str:
     return user_cache_folder("stages")
 
 
+# The compiler package (this module is in its driver layer): every source file in it decides outputs.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_files() -> list[str]:
+    """The compiler's Python sources, relative to its package folder, in a fixed order."""
+    found = []
+    for folder, dirs, files in os.walk(_PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [os.path.relpath(os.path.join(folder, f), _PACKAGE) for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
 @functools.lru_cache(maxsize=None)
 def _source_digest() -> str:
-    root = os.path.dirname(os.path.abspath(__file__))
     digest = hashlib.sha256()
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, name)
-            digest.update(os.path.relpath(path, root).encode() + b"\0")
-            with open(path, "rb") as f:
-                digest.update(f.read())
-            digest.update(b"\0")
+    for relative in source_files():
+        digest.update(relative.encode() + b"\0")
+        with open(os.path.join(_PACKAGE, relative), "rb") as f:
+            digest.update(f.read())
+        digest.update(b"\0")
     return digest.hexdigest()
 
 
