@@ -65,10 +65,9 @@ class CompileConfig:
                 f"unknown option(s): {', '.join(unknown)}",
                 hint=f"options are: {', '.join(s.name for s in options())}",
             )
-        for name, value in given.items():
-            specs[name].check(value)
         by_stage: dict[str, dict[str, Any]] = {}
         for name, value in given.items():
+            specs[name].check(value)
             by_stage.setdefault(specs[name].stage, {})[specs[name].field] = value
         return attrs.evolve(self, **{stage: attrs.evolve(getattr(self, stage), **fields) for stage, fields in by_stage.items()})
 
