@@ -77,7 +77,7 @@ class CompileResult:
         return run(self.program, inputs)
 
 
-def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any) -> EagerModel:
+def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any, calibration: Any = None) -> EagerModel:
     if not isinstance(model, torch.nn.Module):
         raise UserInputError(
             f"the model must be a torch.nn.Module, got {type(model).__name__}",
@@ -101,7 +101,23 @@ def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any) -> EagerM
             )
     from compiler.ir.artifacts import EagerModel
 
-    return EagerModel(model, tuple(example_inputs), dynamic_shapes)
+    return EagerModel(model, tuple(example_inputs), dynamic_shapes, _calibration(calibration))
+
+
+def _calibration(calibration: Any) -> tuple | None:
+    """Calibration inputs as a tuple of input tuples (a single tensor is a tuple of one)."""
+    if calibration is None:
+        return None
+    if isinstance(calibration, torch.Tensor) or not hasattr(calibration, "__iter__"):
+        raise UserInputError(
+            f"calibration must be an iterable of input tuples, got {type(calibration).__name__}",
+            stage="quantize",
+            hint="pass e.g. calibration=[(torch.randn(1, 16),) for _ in range(8)]",
+        )
+    batches = tuple((one,) if isinstance(one, torch.Tensor) else tuple(one) for one in calibration)
+    if not batches:
+        return None
+    return batches
 
 
 def compile(
@@ -111,13 +127,15 @@ def compile(
     *,
     backend_options: Mapping[str, Any] | None = None,
     dynamic_shapes: Any = None,
+    calibration: Any = None,
     config: CompileConfig | None = None,
     **options: Any,
 ) -> CompileResult:
     """Compile `model` to an ExecuTorch program for `backend` (default: portable).
 
     `backend_options` use the backend's own option names (those of ExecuTorch's
-    partitioner for it); `dynamic_shapes` as torch.export takes them; `config` a
+    partitioner for it); `dynamic_shapes` as torch.export takes them; `calibration` an
+    iterable of input tuples for a static quantize scheme; `config` a
     `CompileConfig`; every other keyword is a stage or driver option by its name
     (`compiler.driver.config.options()`: fold_skip_ops, dry_run_mode, stop_after,
     dump_dir, ...), set on top of `config`. With `resume_from`, the stage file's
@@ -158,7 +176,10 @@ def compile(
                 backend=backend_name or chosen.backend,
                 backend_options=chosen.backend_options if backend_options is None else backend_options,
             )
-            artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes), None
+            artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes, calibration), None
+            from compiler.stages.quantize import check_calibration
+
+            check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
 
         backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
         instruments = instruments_for(driving)

@@ -127,7 +127,7 @@ def test_corrupt_resume_file(tmp_path):
 def test_truncated_resume_file(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, stop_after="partition", dump_dir=tmp_path)
-    good = (tmp_path / "05-partition.stage").read_bytes()
+    good = (tmp_path / "07-partition.stage").read_bytes()
     path = tmp_path / "cut.stage"
     path.write_bytes(good[: len(good) // 2])
     with pytest.raises(ResumeError):
@@ -146,20 +146,20 @@ def test_resume_file_from_a_later_stage_than_stop_after(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, stop_after="partition", dump_dir=tmp_path)
     with pytest.raises(ResumeError, match="nothing to run"):
-        compiler.compile(None, None, resume_from=str(tmp_path / "05-partition.stage"), stop_after="decompose")
+        compiler.compile(None, None, resume_from=str(tmp_path / "07-partition.stage"), stop_after="decompose")
 
 
 def test_a_stage_file_planned_for_one_backend_cannot_go_on_for_another(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, "xnnpack", stop_after="partition", dump_dir=tmp_path)
     with pytest.raises(ResumeError, match="planned for backend 'xnnpack' after partition; it cannot go on for 'portable'"):
-        compiler.compile(None, None, "portable", resume_from=str(tmp_path / "05-partition.stage"))
+        compiler.compile(None, None, "portable", resume_from=str(tmp_path / "07-partition.stage"))
 
 
 def test_a_captured_program_can_go_on_for_another_backend_and_the_report_says_so(small_model, tmp_path):
     model, inputs = small_model
     compiler.compile(model, inputs, "xnnpack", stop_after="fold", dump_dir=tmp_path)
-    artifact = compiler.compile(None, None, "portable", resume_from=str(tmp_path / "02-fold.stage"))
+    artifact = compiler.compile(None, None, "portable", resume_from=str(tmp_path / "04-fold.stage"))
     assert artifact.report.config["backend"] == "portable" and not artifact.program.delegates
     assert [str(o) for o in artifact.report.overrides] == ["backend: 'xnnpack' -> 'portable'"]
 

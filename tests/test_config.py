@@ -62,7 +62,7 @@ def test_a_backend_option_a_stage_file_cannot_record_must_be_given_again(tmp_pat
     options = {"configs": [OwnLinearConfig]}
     whole = compiler.compile(model, inputs, "xnnpack", backend_options=options, stop_after="decompose", dump_dir=tmp_path)
     assert whole is not None
-    stage_file = tmp_path / "04-decompose.stage"
+    stage_file = tmp_path / "06-decompose.stage"
     with pytest.raises(ResumeError, match="could not record the backend option.*configs") as err:
         compiler.compile(None, resume_from=stage_file)
     assert "OwnLinearConfig" in str(err.value)

@@ -103,9 +103,9 @@ def test_dump_dir_holds_text_and_resumable_file_per_stage(small_model, tmp_path)
     names = sorted(os.listdir(tmp_path))
     for i, stage in enumerate(STAGE_NAMES, start=1):
         assert f"{i:02d}-{stage}.txt" in names
-    assert "08-emit.pte" in names
-    assert "05-partition.stage" in names
-    assert "aten_cumsum_default" in (tmp_path / "04-decompose.txt").read_text()
+    assert "10-emit.pte" in names
+    assert "07-partition.stage" in names
+    assert "aten_cumsum_default" in (tmp_path / "06-decompose.txt").read_text()
 
 
 def test_print_after_change_prints_only_stages_that_changed(small_model):
@@ -150,8 +150,8 @@ def test_failure_after_dumping_keeps_last_good_artifact(small_model, tmp_path):
     model, inputs = small_model
     with pytest.raises(StageFailure):
         compiler.compile(model, inputs, FlakyXnnpack(fail=True), dump_dir=tmp_path)
-    assert (tmp_path / "04-decompose.stage").exists()
-    assert not (tmp_path / "05-partition.stage").exists()
+    assert (tmp_path / "06-decompose.stage").exists()
+    assert not (tmp_path / "07-partition.stage").exists()
 
 
 class Recorder(Instrument):
@@ -218,7 +218,7 @@ def test_a_resumed_program_is_verified_in_full(small_model, tmp_path, monkeypatc
     checked = []
     original = inv.Invariant.verify
     monkeypatch.setattr(inv.Invariant, "verify", lambda self, a, s=None: (checked.append((s, self.name)), original(self, a, s)))
-    compiler.compile(None, None, "xnnpack", resume_from=str(tmp_path / "02-fold.stage"))
+    compiler.compile(None, None, "xnnpack", resume_from=str(tmp_path / "04-fold.stage"))
     assert ("dry_run", "program_validates") in checked  # the loaded program was never checked in this run
 
 

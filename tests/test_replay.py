@@ -63,7 +63,7 @@ def test_a_core_ml_ios18_run_stopped_after_decompose_resumes_from_the_file_alone
     assert state.meta.get("delegation_tag"), "the cache is Core ML state (iOS 18)"
 
     compiler.compile(model, inputs, "coreml", backend_options=IOS18, stop_after="decompose", dump_dir=tmp_path)
-    resumed = compiler.compile(None, resume_from=tmp_path / "04-decompose.stage")
+    resumed = compiler.compile(None, resume_from=tmp_path / "06-decompose.stage")
 
     assert resumed.report.config["backend_options"] == {"minimum_deployment_target": "iOS18"}
     assert resumed.program.plan == whole.program.plan
@@ -75,8 +75,8 @@ def test_without_the_recorded_options_the_resumed_run_would_differ(tmp_path):
     """The check above can fail: a Core ML run below iOS 18 keeps the cache a CPU buffer."""
     model, inputs = decoder_step()
     compiler.compile(model, inputs, "coreml", backend_options=IOS18, stop_after="decompose", dump_dir=tmp_path)
-    default = compiler.compile(None, resume_from=tmp_path / "04-decompose.stage", backend_options={"minimum_deployment_target": "iOS17"})
-    replayed = compiler.compile(None, resume_from=tmp_path / "04-decompose.stage")
+    default = compiler.compile(None, resume_from=tmp_path / "06-decompose.stage", backend_options={"minimum_deployment_target": "iOS17"})
+    replayed = compiler.compile(None, resume_from=tmp_path / "06-decompose.stage")
     assert default.program.plan != replayed.program.plan
     assert [str(o) for o in default.report.overrides] == ["backend_options.minimum_deployment_target: 'iOS18' -> 'iOS17'"]
 
@@ -84,7 +84,7 @@ def test_without_the_recorded_options_the_resumed_run_would_differ(tmp_path):
 def test_an_option_given_at_resume_overrides_the_recorded_one_and_the_report_says_so(tmp_path):
     model, inputs = EXAMPLES["mlp"]()
     compiler.compile(model, inputs, "xnnpack", stop_after="capture", dump_dir=tmp_path, fold_skip_ops=["aten.t.default"])
-    resumed = compiler.compile(None, resume_from=tmp_path / "01-capture.stage", emit_extract_delegate_segments=False)
+    resumed = compiler.compile(None, resume_from=tmp_path / "02-capture.stage", emit_extract_delegate_segments=False)
     assert resumed.report.config["stages"]["fold"]["skip_ops"] == ["aten.t.default"]  # replayed
     assert [str(o) for o in resumed.report.overrides] == ["stages.emit.extract_delegate_segments: True -> False"]
 
@@ -152,5 +152,5 @@ def test_a_resume_under_other_library_versions_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(
         "compiler.api.dependency_versions", lambda: {**installed, "executorch": "9.9.9"}
     )
-    report = compiler.compile(None, resume_from=tmp_path / "01-capture.stage", stop_after="fold").report
+    report = compiler.compile(None, resume_from=tmp_path / "02-capture.stage", stop_after="fold").report
     assert [str(o) for o in report.overrides] == [f"versions.executorch: {installed['executorch']!r} -> '9.9.9'"]

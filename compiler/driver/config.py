@@ -10,7 +10,8 @@ driven (where to dump, where to stop); they never change the program and are
 not replayed.
 
 Options have one name everywhere: `<stage>_<field>` (`fold_skip_ops`) as an API
-keyword, `--fold-skip-ops` as a flag. `options()` lists them all; the CLI and
+keyword, `--fold-skip-ops` as a flag; a stage's primary option the stage's name alone
+(`quantize`, `--quantize`). `options()` lists them all; the CLI and
 the options table (docs/options.md) are generated from it.
 """
 
@@ -199,8 +200,8 @@ def _specs(cls: type, stage: str | None, in_config: bool) -> Iterator[OptionSpec
     for f in attrs.fields(cls):
         if "help" not in f.metadata:
             continue
-        name = f"{stage}_{f.name}" if stage else f.name
         meta = f.metadata
+        name = stage if meta.get("primary") else f"{stage}_{f.name}" if stage else f.name
         yield OptionSpec(
             name, stage, f.name, meta["kind"], f.default, meta["help"], meta["choices"], meta["metavar"], in_config,
             meta["takes"], f.converter,

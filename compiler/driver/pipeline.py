@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 # take turns stage by stage (for parallel compiles use processes).
 _ONE_STAGE_AT_A_TIME = threading.RLock()
 
+# The stage whose output keys the stage cache: the program as captured (the model quantized
+# before it, if asked) says what every later stage is given.
+KEYED_BY = "capture"
+
 
 @attrs.frozen
 class PipelineResult:
@@ -107,10 +111,11 @@ class Pipeline:
                 if cached is not None:
                     with _ONE_STAGE_AT_A_TIME:  # (de)serializing uses the same process-wide state
                         cached.store(stage.name, artifact, record)
-                elif cache is not None and stage is self.stages[0]:
+                elif cache is not None and stage.name == KEYED_BY:
                     # Capture's output keys every later stage.
+                    later = self.names[self.names.index(KEYED_BY) + 1 : stop + 1]
                     with _ONE_STAGE_AT_A_TIME:
-                        cached = CacheRun.start(cache, artifact, self.names[1 : stop + 1], config)
+                        cached = CacheRun.start(cache, artifact, later, config)
             for instrument in reversed(instruments):
                 instrument.after_pipeline(artifact)
 

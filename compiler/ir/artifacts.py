@@ -27,11 +27,15 @@ class ProgramStats:
 
 @attrs.frozen
 class EagerModel:
-    """What the user gave: the module, example inputs and dynamic shapes."""
+    """What the user gave: the module, example inputs and dynamic shapes, and the inputs that
+    calibrate a static quantization scheme. After the quantize stage, `module` is the eager
+    quantized model and `float_module` the model as given."""
 
     module: torch.nn.Module
     example_inputs: tuple
     dynamic_shapes: Any = None
+    calibration: tuple | None = None  # input tuples
+    float_module: torch.nn.Module | None = None
 
     dialect: ClassVar[str] = "eager"
     invariants: ClassVar[tuple] = ()

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from compiler.stages.options import CaptureOptions, DryRunOptions, EmitOptions, FoldOptions, NoOptions
+from compiler.stages.options import (
+    CaptureOptions,
+    DryRunOptions,
+    EmitOptions,
+    FoldOptions,
+    NoOptions,
+    PrecisionOptions,
+    QuantizeOptions,
+)
 
 if TYPE_CHECKING:
     from compiler.stages.base import Stage
@@ -36,7 +44,9 @@ class StageRow:
 
 
 STAGES: tuple[StageRow, ...] = (
+    StageRow("quantize", "Quantize", QuantizeOptions),
     StageRow("capture", "Capture", CaptureOptions),
+    StageRow("precision", "Precision", PrecisionOptions),
     StageRow("fold", "Fold", FoldOptions),
     StageRow("dry_run", "DryRun", DryRunOptions),
     StageRow("decompose", "Decompose"),

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from compiler.ir.errors import UserInputError
+from compiler.stages.schemes import EMBEDDING_SCHEMES, GRANULARITIES, SCHEME_NAMES
 
 # What an option's value may be besides its kind: a path option takes a path object, a
 # stream option (print_after_change) a text stream.
@@ -66,16 +67,20 @@ def option(
     metavar: str | None = None,
     converter=None,
     takes: str | None = None,
+    primary: bool = False,
 ):
     """An attrs field that is also a user-facing option: its help text, value kind, choices and
     metavar are what the CLI flag and the options table (docs/options.md) are made from; `takes` PATH or STREAM
-    widens what a value may be."""
+    widens what a value may be. A stage's `primary` option is named by the stage alone
+    (`quantize`, `--quantize SCHEME`), the others `<stage>_<field>`."""
     kind = kind or type(default)
     return attrs.field(
         default=default,
         converter=converter,
         validator=_of_its_kind,
-        metadata={"help": help, "kind": kind, "choices": choices, "metavar": metavar, "takes": takes},
+        metadata={
+            "help": help, "kind": kind, "choices": choices, "metavar": metavar, "takes": takes, "primary": primary,
+        },
     )
 
 
@@ -99,6 +104,63 @@ def _op_names(ops: Any) -> Any:
 @attrs.frozen
 class NoOptions:
     """The options of a stage that takes none."""
+
+
+def _one_of(name: str, choices: tuple[str, ...], stage: str):
+    def validate(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value is not None and value not in choices:
+            raise UserInputError(f"unknown {name} {value!r}", stage=stage, hint=f"use one of: {', '.join(choices)}")
+
+    return validate
+
+
+@attrs.frozen
+class QuantizeOptions:
+    scheme: str | None = option(
+        None, "quantize the model with this scheme before capture (docs/quantization.md lists which backends take "
+        "which); static schemes need calibration inputs", kind=str, choices=SCHEME_NAMES, metavar="SCHEME", primary=True,
+    )
+    granularity: str | None = option(
+        None, "how weight scales are shared: per_channel, per_group (of group_size input channels) or per_tensor "
+        "(default: the scheme's first for the backend)", kind=str, choices=GRANULARITIES,
+    )
+    group_size: int = option(32, "input channels per weight scale, for per_group granularity (and a codebook's block)")
+    bits: int = option(4, "bits per codebook index (codebook scheme: a table of 2**bits values per block)")
+    embedding: str | None = option(
+        None, "also quantize nn.Embedding tables, weight-only (4w or 8w)", kind=str, choices=EMBEDDING_SCHEMES,
+    )
+    embedding_group_size: int = option(32, "embedding columns per scale (0: one scale per row)")
+
+    def __attrs_post_init__(self) -> None:
+        for name, value, choices in (
+            ("quantize scheme", self.scheme, SCHEME_NAMES),
+            ("granularity", self.granularity, GRANULARITIES),
+            ("embedding scheme", self.embedding, EMBEDDING_SCHEMES),
+        ):
+            _one_of(name, choices, "quantize")(self, None, value)
+        if self.group_size <= 0 or self.embedding_group_size < 0:
+            raise UserInputError(
+                f"group sizes must be positive (group_size {self.group_size}, embedding_group_size "
+                f"{self.embedding_group_size})", stage="quantize", hint="give e.g. 32, 64 or 128",
+            )
+        if not 1 <= self.bits <= 8:
+            raise UserInputError(f"quantize_bits {self.bits} is not in 1..8", stage="quantize", hint="give 2, 4 or 8")
+
+
+PRECISIONS = ("auto", "model", "float32", "float16")
+
+
+@attrs.frozen
+class PrecisionOptions:
+    dtype: str = option(
+        "auto", "the floating dtype the program computes in: auto: a bfloat16 model computes in float32 on backends "
+        "without bfloat16 kernels (xnnpack; coreml, inside which Core ML's compute precision applies), cast at the "
+        "program's edges; model: as the model is; float32 / float16: every floating tensor in that dtype",
+        choices=PRECISIONS, primary=True,
+    )
+
+    def __attrs_post_init__(self) -> None:
+        _one_of("precision", PRECISIONS, "precision")(self, None, self.dtype)
 
 
 @attrs.frozen

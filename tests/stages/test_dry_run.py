@@ -139,7 +139,7 @@ def test_the_dry_run_answer_is_plan_data_and_a_resume_runs_the_same_stages(tmp_p
     assert artifact.report.stage("dry_run").metrics["search_handed_on_s"] > 0
     # ...and never saved: a resumed run decomposes and partitions anew, from the plan alone,
     # to the same programs and the same .pte.
-    resumed = compiler.compile(None, resume_from=tmp_path / "03-dry_run.stage")
+    resumed = compiler.compile(None, resume_from=tmp_path / "05-dry_run.stage")
     assert "from_dry_run" not in resumed.report.stage("decompose").metrics
     assert "search_from_dry_run" not in resumed.report.stage("partition").metrics
     assert resumed.stages["decompose"].program.graph_module.code == planned.decomposed.program.graph_module.code

@@ -1,0 +1,177 @@
+"""Quantize: the eager model -> the eager quantized model, by a named scheme for the backend.
+
+It runs before capture, as ExecuTorch's recipes do (a TorchAO source transform, or PT2E's
+export, prepare, calibrate and convert), so capture traces the quantized model and every
+later stage, the stage cache and the check see it. The quantized model is a module that
+runs eagerly (PT2E's converted graph, or the model with TorchAO's quantized weights): the
+reference `--check` compares the program with. The user's module is never changed: TorchAO
+replaces weights on a copy of the module tree that shares the other tensors.
+
+Which schemes a backend takes, with which granularities, is the table in
+`compiler/stages/schemes.py`; the portable runtime has no quantized kernels, so it takes
+none (`PORTABLE_ANSWER`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable
+
+import torch
+
+from compiler.ir.artifacts import EagerModel
+from compiler.ir.errors import UserInputError
+from compiler.stages import schemes
+from compiler.stages.base import Stage, StageContext
+from compiler.stages.options import QuantizeOptions
+from compiler.stages.schemes import PER_CHANNEL, PER_GROUP, PT2E, Scheme
+
+logger = logging.getLogger(__name__)
+STAGE = "quantize"
+
+
+def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] | None:
+    """The scheme and granularity `options` ask of `backend` (None: no quantization); a
+    `UserInputError` for a scheme or granularity the backend does not take."""
+    if options.scheme is None:
+        if options.embedding is not None and backend == "portable":
+            raise UserInputError(f"quantize_embedding on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE)
+        return None
+    scheme = schemes.BY_NAME[options.scheme]
+    if backend == "portable":
+        raise UserInputError(f"quantize {scheme.name} on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE)
+    takes = scheme.granularities(backend)
+    if not takes:
+        fits = [s.name for s in schemes.SCHEMES if backend in s.backends]
+        raise UserInputError(
+            f"the {backend} backend does not take the quantize scheme {scheme.name!r}",
+            stage=STAGE,
+            hint=f"for {backend} use one of: {', '.join(fits)}; {scheme.name} is for "
+            f"{', '.join(scheme.backends)}",
+        )
+    granularity = options.granularity or scheme.default_granularity(backend)
+    if granularity not in takes:
+        raise UserInputError(
+            f"the quantize scheme {scheme.name!r} on {backend} takes granularity {' or '.join(takes)}, "
+            f"not {granularity}",
+            stage=STAGE,
+            hint=f"give quantize_granularity {takes[0]}",
+        )
+    return scheme, granularity
+
+
+def check_calibration(options: QuantizeOptions, backend: str, calibration: Any) -> None:
+    """A static scheme without calibration inputs is an error before any stage runs."""
+    chosen = chosen_scheme(options, backend)
+    if chosen and chosen[0].needs_calibration and not calibration:
+        raise UserInputError(
+            f"the quantize scheme {chosen[0].name!r} is static: its activation scales come from calibration "
+            "inputs, and none were given",
+            stage=STAGE,
+            hint="pass calibration=[inputs, ...] to compiler.compile (an iterable of input tuples); on the CLI "
+            "--calibration FILE (a torch.save'd list of input tuples) or --calibration-draws N",
+        )
+
+
+def _torchao_config(scheme: Scheme, granularity: str, group_size: int, bits: int = 4) -> Any:
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+
+    grain = PerAxis(0) if granularity == PER_CHANNEL else PerGroup(group_size)
+    dtype = {4: torch.int4, 8: torch.int8}.get(scheme.weight_bits)
+    if scheme.name == "codebook":
+        from torchao.prototype.quantization.codebook_coreml import CodebookWeightOnlyConfig
+
+        return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"), block_size=[-1, group_size])
+    if scheme.activations == schemes.DYNAMIC:
+        return Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=grain)
+    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain)
+
+
+def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+
+        return XNNPACKQuantizer().set_global(
+            get_symmetric_quantization_config(
+                is_per_channel=granularity == PER_CHANNEL, is_dynamic=scheme.activations == schemes.DYNAMIC
+            )
+        )
+    import coremltools as ct
+    from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+
+    activation = torch.quint8 if scheme.activations == schemes.STATIC else torch.float32
+    config = ct.optimize.torch.quantization.LinearQuantizerConfig(
+        global_config=ct.optimize.torch.quantization.ModuleLinearQuantizerConfig(
+            quantization_scheme="symmetric", activation_dtype=activation, weight_dtype=torch.qint8,
+            weight_per_channel=True,
+        )
+    )
+    return CoreMLQuantizer(config)
+
+
+def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module objects that shares every parameter and buffer: TorchAO sets new
+    weights on the copy, and the user's model keeps its own."""
+    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return copy.deepcopy(module, memo)
+
+
+def _is(kind: type) -> Callable[[torch.nn.Module, str], bool]:
+    return lambda module, fqn: isinstance(module, kind)
+
+
+def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) -> tuple[torch.nn.Module, dict]:
+    """The eager quantized module, and what the report says of it."""
+    chosen = chosen_scheme(options, backend)
+    metrics: dict[str, Any] = {}
+    module = model.module
+    if chosen is not None:
+        scheme, granularity = chosen
+        metrics.update(scheme=scheme.name, granularity=granularity)
+        if granularity == PER_GROUP:
+            metrics["group_size"] = options.group_size
+        if scheme.flow == PT2E:
+            module = _pt2e(model, _pt2e_quantizer(scheme, granularity, backend))
+        else:
+            from torchao.quantization import quantize_
+
+            module = _module_tree_copy(module)
+            quantize_(module, _torchao_config(scheme, granularity, options.group_size, options.bits), filter_fn=_is(torch.nn.Linear))
+    if options.embedding is not None:
+        from torchao.quantization import quantize_
+
+        if module is model.module:
+            module = _module_tree_copy(module)
+        embedding = schemes.BY_NAME[options.embedding]
+        granularity = PER_CHANNEL if options.embedding_group_size == 0 else PER_GROUP
+        quantize_(
+            module, _torchao_config(embedding, granularity, options.embedding_group_size),
+            filter_fn=_is(torch.nn.Embedding),
+        )
+        metrics["embedding"] = options.embedding
+    return module, metrics
+
+
+def _pt2e(model: EagerModel, quantizer: Any) -> torch.nn.Module:
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    with torch.no_grad():
+        graph = torch.export.export(model.module, model.example_inputs, dynamic_shapes=model.dynamic_shapes).module()
+        prepared = prepare_pt2e(graph, quantizer)
+        for inputs in model.calibration or (model.example_inputs,):
+            prepared(*inputs)
+        return convert_pt2e(prepared)
+
+
+class Quantize(Stage, takes=EagerModel, returns=EagerModel):
+    def apply(self, model: EagerModel, ctx: StageContext) -> EagerModel:
+        if ctx.options.scheme is None and ctx.options.embedding is None:
+            return model
+        module, metrics = quantize_model(model, ctx.options, ctx.backend.name)
+        ctx.metrics.update(metrics)
+        return EagerModel(module, model.example_inputs, model.dynamic_shapes, model.calibration, float_module=model.module)

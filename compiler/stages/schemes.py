@@ -1,0 +1,138 @@
+"""The quantization schemes by name: what each quantizes, how, and for which backends.
+
+Data only (no torch), so the CLI offers the names as choices before torch loads and the
+docs' scheme table is generated from it. `compiler/stages/quantize.py` applies them; each
+backend's entry names the ExecuTorch recipe (`executorch.export`) that makes the same
+program, which the quantization benchmark and the fuzzer compile beside ours.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+
+# How a scheme picks the weights' scales: one per output channel, one per group of
+# `group_size` input channels of a row, or one for the whole tensor.
+PER_CHANNEL, PER_GROUP, PER_TENSOR = "per_channel", "per_group", "per_tensor"
+GRANULARITIES = (PER_CHANNEL, PER_GROUP, PER_TENSOR)
+
+# What a scheme does to activations: nothing (weight-only), quantized at run time from
+# their own range (dynamic), or with scales fixed by calibration (static).
+WEIGHT_ONLY, DYNAMIC, STATIC = "weight_only", "dynamic", "static"
+
+# The flows that apply a scheme: PT2E (export, prepare with a backend's quantizer,
+# calibrate, convert) or a TorchAO config applied to the Linear (and Embedding) modules.
+PT2E, TORCHAO = "pt2e", "torchao"
+
+
+@attrs.frozen
+class Scheme:
+    name: str
+    summary: str
+    flow: str
+    activations: str
+    weight_bits: int
+    # Backend name -> the granularities it takes for this scheme (first: the default) and
+    # the ExecuTorch recipe (`RecipeType` value) per granularity that builds the same program.
+    backends: Mapping[str, Mapping[str, str | None]]
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.activations == STATIC
+
+    def granularities(self, backend: str) -> tuple[str, ...]:
+        return tuple(self.backends.get(backend, {}))
+
+    def default_granularity(self, backend: str) -> str:
+        return self.granularities(backend)[0]
+
+    def recipe(self, backend: str, granularity: str) -> str | None:
+        return self.backends.get(backend, {}).get(granularity)
+
+
+SCHEMES: tuple[Scheme, ...] = (
+    Scheme(
+        "int8_dynamic", "int8 weights; activations quantized to int8 at run time (PT2E)", PT2E, DYNAMIC, 8,
+        {"xnnpack": {PER_CHANNEL: "xnnpack_pt2e_int8_dynamic_per_channel"}},
+    ),
+    Scheme(
+        "int8_static", "int8 weights and activations, activation scales from calibration (PT2E)", PT2E, STATIC, 8,
+        {
+            "xnnpack": {
+                PER_CHANNEL: "xnnpack_pt2e_int8_static_per_channel",
+                PER_TENSOR: "xnnpack_pt2e_int8_static_per_tensor",
+            },
+            "coreml": {PER_CHANNEL: "coreml_pt2e_int8_static"},
+        },
+    ),
+    Scheme(
+        "int8_weight", "int8 weights, float activations (PT2E)", PT2E, WEIGHT_ONLY, 8,
+        {"coreml": {PER_CHANNEL: "coreml_pt2e_int8_weight_only"}},
+    ),
+    Scheme(
+        "8da4w", "int4 weights; activations quantized to int8 at run time (TorchAO)", TORCHAO, DYNAMIC, 4,
+        {
+            "xnnpack": {
+                PER_GROUP: "xnnpack_torchao_int8da_int4w_per_tensor",  # ExecuTorch's name; it is per group
+                PER_CHANNEL: "xnnpack_torchao_int8da_int4w_per_channel",
+            }
+        },
+    ),
+    Scheme(
+        "8da8w", "int8 weights; activations quantized to int8 at run time (TorchAO)", TORCHAO, DYNAMIC, 8,
+        {"xnnpack": {PER_CHANNEL: None, PER_GROUP: None}},
+    ),
+    Scheme(
+        "4w", "int4 weights, float activations (TorchAO)", TORCHAO, WEIGHT_ONLY, 4,
+        {
+            "coreml": {
+                PER_GROUP: "coreml_torchao_int4_weight_only_per_group",
+                PER_CHANNEL: "coreml_torchao_int4_weight_only_per_channel",
+            },
+            "mlx": {PER_GROUP: None},
+        },
+    ),
+    Scheme(
+        "8w", "int8 weights, float activations (TorchAO)", TORCHAO, WEIGHT_ONLY, 8,
+        {
+            "coreml": {
+                PER_CHANNEL: "coreml_torchao_int8_weight_only_per_channel",
+                PER_GROUP: "coreml_torchao_int8_weight_only_per_group",
+            },
+            "mlx": {PER_GROUP: None},
+        },
+    ),
+    Scheme(
+        "codebook", "weights as indices into a table of 2**bits values per block (palettization)", TORCHAO,
+        WEIGHT_ONLY, 0, {"coreml": {PER_GROUP: "coreml_codebook_weight_only"}},
+    ),
+)
+
+BY_NAME: dict[str, Scheme] = {scheme.name: scheme for scheme in SCHEMES}
+SCHEME_NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+# Embedding tables: weight-only TorchAO schemes, applied to nn.Embedding modules.
+EMBEDDING_SCHEMES = ("4w", "8w")
+
+# The portable CPU runtime this machine runs (and ExecuTorch's pip wheel) registers no
+# quantized kernels: a quantized program there would run dequantize ops it has no kernel for.
+PORTABLE_ANSWER = (
+    "the portable CPU runtime has no quantized kernels (it registers no quantized_decomposed "
+    "or torchao op): quantize for xnnpack (int8_dynamic, int8_static, 8da4w, 8da8w), coreml or mlx"
+)
+
+
+def scheme_table() -> str:
+    """The Markdown table of schemes (generated into docs/quantization.md)."""
+    lines = [
+        "| scheme | what it does | activations | backend: granularities (first: default) -> ExecuTorch recipe |",
+        "|---|---|---|---|",
+    ]
+    for scheme in SCHEMES:
+        cells = []
+        for backend, recipes in scheme.backends.items():
+            parts = [f"{g} -> `{r}`" if r else f"{g} (no recipe)" for g, r in recipes.items()]
+            cells.append(f"**{backend}**: " + ", ".join(parts))
+        lines.append(f"| `{scheme.name}` | {scheme.summary} | {scheme.activations} | {'; '.join(cells)} |")
+    return "\n".join(lines)
