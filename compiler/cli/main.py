@@ -139,6 +139,12 @@ def _parser() -> argparse.ArgumentParser:
     fuzz_cmd.add_argument("--no-stock", action="store_true", help="do not run the stock ExecuTorch path")
     fuzz_cmd.add_argument("--no-shrink", action="store_true", help="do not shrink the first failure of each kind")
     fuzz_cmd.add_argument("--replay", metavar="FILE", help="run one reproducer file instead")
+    fuzz_cmd.add_argument(
+        "--quantize", action="store_true",
+        help="the quantize axis: programs with Linear and Embedding layers, each quantized by a random scheme the "
+        "backend takes; stock compiles them with ExecuTorch's recipe for the scheme; both are compared with their "
+        "eager quantized model",
+    )
     return parser
 
 
@@ -578,11 +584,12 @@ def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
 
     def progress(case: campaign.Case) -> None:
         stock = f" | stock: {case.stock.kind}" if case.stock else ""
-        terminal.say(f"{case.number:4} {case.ours.kind}{stock}")
+        scheme = f" ({campaign.describe(case.program)})" if args.quantize else ""
+        terminal.say(f"{case.number:4} {case.ours.kind}{stock}{scheme}")
 
     found = campaign.fuzz(
         args.backend or DEFAULT_BACKEND, args.examples, args.seed, out_dir=args.out_dir,
-        with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress,
+        with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress, quantize=args.quantize,
     )
     terminal.say(f"\n{found.table()}\n\n{found.details()}")
     for case in found.failures + found.shrunk:

@@ -4,6 +4,10 @@ Hypothesis draws the programs (replayed exactly by the seed). Every program is
 counted once, as drawn; the first program of each new kind of failure is then
 shrunk by hypothesis to the smallest program failing the same way, and written,
 like every failing program, as a standalone reproducer.
+
+With `quantize`, every program holds layers a scheme quantizes and is drawn with a
+scheme the backend takes (`programs.quantized_programs`); the table gains a column
+for programs off their eager quantized model by a tolerance question only.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import attrs
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import FlakyFailure
 
+from compiler.stages import schemes
 from compiler.tools.fuzz import oracle
 from compiler.tools.fuzz.oracle import Outcome
-from compiler.tools.fuzz.programs import Program, programs
+from compiler.tools.fuzz.programs import Program, programs, quantized_programs
 
 _COLUMNS = (oracle.OK, oracle.COMPILED, oracle.NAMED, oracle.WRAPPED, oracle.RAW, oracle.WRONG)
 
@@ -39,6 +44,7 @@ class Campaign:
     seed: int
     cases: list[Case] = attrs.Factory(list)
     shrunk: list[Case] = attrs.Factory(list)
+    quantize: bool = False
 
     @property
     def failures(self) -> list[Case]:
@@ -54,16 +60,21 @@ class Campaign:
         if any(c.stock for c in self.cases):
             rows.append(("stock", collections.Counter(c.stock.kind for c in self.cases if c.stock)))
         invalid = sum(1 for c in self.cases if c.stock is not None and c.stock.kind == oracle.INVALID)
+        columns = _COLUMNS + ((oracle.TOLERANCE,) if self.quantize else ())
+        what = "quantized programs" if self.quantize else "programs"
         lines = [
-            f"| {self.backend} ({len(self.cases)} programs, seed {self.seed}) | " + " | ".join(_COLUMNS) + " |",
-            "|---" * (len(_COLUMNS) + 1) + "|",
+            f"| {self.backend} ({len(self.cases)} {what}, seed {self.seed}) | " + " | ".join(columns) + " |",
+            "|---" * (len(columns) + 1) + "|",
         ]
-        lines += [f"| {name} | " + " | ".join(str(counts[k]) for k in _COLUMNS) + " |" for name, counts in rows]
+        lines += [f"| {name} | " + " | ".join(str(counts[k]) for k in columns) + " |" for name, counts in rows]
         lines.append(
             f"\nstock right, ours refused: {len(self.stock_right_we_refuse)}; "
             f"ours right, stock not: {sum(1 for c in self.cases if c.ours.passed and c.stock and not c.stock.passed)}"
             + (f"; programs torch.export refused: {invalid}" if invalid else "")
         )
+        if self.quantize:
+            drawn = collections.Counter(describe(c.program) for c in self.cases)
+            lines.append("schemes drawn: " + ", ".join(f"{n} x {scheme}" for scheme, n in sorted(drawn.items())))
         return "\n".join(lines)
 
     def details(self) -> str:
@@ -80,6 +91,16 @@ class Campaign:
         return "\n".join(lines)
 
 
+def describe(program: Program) -> str:
+    """The scheme a quantized program was drawn with, in a few words."""
+    q = program.quantization
+    if q is None:
+        return "float"
+    grouped = f" {q.group_size}" if q.granularity == schemes.PER_GROUP else ""
+    embedding = f" + embedding {q.embedding} {q.embedding_group_size or 'per row'}" if q.embedding else ""
+    return f"{q.scheme} {q.granularity}{grouped}{embedding}"
+
+
 def signature(outcome: Outcome) -> str:
     """A failure's kind with the names and numbers that vary between programs taken out."""
     detail = re.sub(r"\b[\w.]*\d[\w.]*\b", "#", outcome.detail.split(":")[0] if outcome.kind == oracle.WRONG else outcome.detail)
@@ -93,12 +114,15 @@ def write_reproducer(directory: str, name: str, case: Case, backend: str, campai
     program = case.program
     header = (
         f"# Found by the fuzz campaign for backend {backend!r} with seed {campaign_seed} (case {case.number}).\n"
-        f"# ours:  {case.ours.kind}: {case.ours.detail}\n"
+        + (f"# quantized: {describe(program)}\n" if program.quantization else "")
+        + f"# ours:  {case.ours.kind}: {case.ours.detail}\n"
         + (f"# stock: {case.stock.kind}: {case.stock.detail}\n" if case.stock else "")
     )
     footer = (
         f"\n\nBACKEND = {backend!r}\nCALLS = {program.calls}\n"
-        f"TOLERANCES = {list(program.tolerances)!r}\nOUTPUTS = {list(program.names)!r}\n\n"
+        f"TOLERANCES = {list(program.tolerances)!r}\nOUTPUTS = {list(program.names)!r}\n"
+        + (f"QUANTIZATION = {attrs.asdict(program.quantization)!r}\n" if program.quantization else "")
+        + "\n"
         "if __name__ == '__main__':\n"
         "    from compiler.tools.fuzz.oracle import replay\n\n"
         "    replay(__file__)\n"
@@ -109,9 +133,9 @@ def write_reproducer(directory: str, name: str, case: Case, backend: str, campai
 
 
 def _worth_keeping(case: Case) -> bool:
-    """Our failures, programs stock runs and we refuse, and programs stock gets wrong."""
+    """Our failures and tolerance questions, programs stock runs and we refuse, and programs stock gets wrong."""
     stock = case.stock
-    return case.ours.kind in oracle.FAILURES or (
+    return case.ours.kind in (*oracle.FAILURES, oracle.TOLERANCE) or (
         stock is not None and (stock.passed != case.ours.passed or stock.kind == oracle.WRONG)
     )
 
@@ -129,8 +153,10 @@ def fuzz(
     with_stock: bool = True,
     shrink: bool = True,
     progress: Callable[[Case], None] | None = None,
+    quantize: bool = False,
 ) -> Campaign:
-    campaign = Campaign(backend, campaign_seed)
+    campaign = Campaign(backend, campaign_seed, quantize=quantize)
+    drawn = quantized_programs(backend) if quantize else programs()
     seen: set[str] = set()
     attempt = 0
     while len(campaign.cases) < examples:
@@ -177,7 +203,7 @@ def fuzz(
                 phases=[Phase.generate, Phase.shrink] if shrink else [Phase.generate],
                 report_multiple_bugs=False,
                 suppress_health_check=list(HealthCheck),
-            )(given(programs())(check))
+            )(given(drawn)(check))
         )
         attempt += 1
         try:

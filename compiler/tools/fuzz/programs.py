@@ -23,6 +23,8 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
+from compiler.stages import schemes
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTEGERS = (torch.int64, torch.int32, torch.int8, torch.uint8)
 DTYPES = FLOATS + INTEGERS + (torch.bool,)
@@ -31,6 +33,9 @@ DTYPES = FLOATS + INTEGERS + (torch.bool,)
 OP_NOISE = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # Steps that jump on a tiny difference only take values at most this noisy.
 EXACT_ENOUGH = 2e-5
+# Every float value of a quantized program is this noisy: a quantizer may round any float op's
+# activations (static schemes), so a compiled program may land a step away from eager's.
+QUANTIZED_NOISE = 1e-2
 MAX_ELEMENTS = 512
 _DIMS = (2, 3, 1, 4, 5, 8)
 _INT_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int32: (-(2**31), 2**31 - 1)}
@@ -74,6 +79,27 @@ class Attribute:
 
 
 @attrs.frozen
+class Quantization:
+    """The scheme a program is quantized by before both paths compile it (the quantize axis)."""
+
+    scheme: str
+    granularity: str
+    group_size: int
+    embedding: str | None = None
+    embedding_group_size: int = 0  # 0: one scale per embedding row
+    calibration_draws: int = 0  # inputs drawn again to calibrate a static scheme
+
+    def options(self) -> dict:
+        """The quantize options `compiler.compile` takes."""
+        options = {
+            "quantize": self.scheme, "quantize_granularity": self.granularity, "quantize_group_size": self.group_size,
+        }
+        if self.embedding:
+            options.update(quantize_embedding=self.embedding, quantize_embedding_group_size=self.embedding_group_size)
+        return options
+
+
+@attrs.frozen
 class Program:
     inputs: tuple[str, ...]  # how each forward input is made
     attributes: tuple[Attribute, ...]
@@ -81,6 +107,7 @@ class Program:
     outputs: tuple[Value, ...]
     # Forward calls a check makes: 2 when a buffer is written, so its state must carry.
     calls: int = 1
+    quantization: Quantization | None = None
 
     def source(self) -> str:
         init = []
@@ -94,6 +121,8 @@ class Program:
         args = ", ".join(f"x{i}" for i in range(len(self.inputs)))
         returned = ", ".join(v.name for v in self.outputs)
         body = "\n".join(f"        {line}" for line in (*self.lines, f"return ({returned},)"))
+        drawn = f"({''.join(f'{x}, ' for x in self.inputs)})"
+        draws = self.quantization.calibration_draws if self.quantization else 0
         return (
             "import torch\nimport torch.nn.functional as F\n\n\n"
             "class Program(torch.nn.Module):\n"
@@ -101,14 +130,23 @@ class Program:
             + "".join(f"        {line}\n" for line in init)
             + f"\n    def forward(self, {args}):\n{body}\n\n\n"
             "def make():\n    torch.manual_seed(0)\n    model = Program().eval()\n"
-            f"    inputs = ({''.join(f'{x}, ' for x in self.inputs)})\n"
+            f"    inputs = {drawn}\n"
             "    return model, inputs\n"
+            + (f"\n\ndef calibration():\n    torch.manual_seed(1)\n    return [{drawn} for _ in range({draws})]\n"
+               if draws else "")
         )
 
-    def build(self) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    def _namespace(self) -> dict:
         namespace: dict = {}
         exec(compile(self.source(), "<program>", "exec"), namespace)
-        return namespace["make"]()
+        return namespace
+
+    def build(self) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        return self._namespace()["make"]()
+
+    def calibration(self) -> list[tuple[torch.Tensor, ...]]:
+        """The inputs drawn again for a static scheme's calibration (none for other programs)."""
+        return self._namespace()["calibration"]() if self.quantization and self.quantization.calibration_draws else []
 
     @property
     def tolerances(self) -> tuple[float, ...]:
@@ -128,15 +166,19 @@ class Reproducer:
     tolerances: tuple[float, ...]
     names: tuple[str, ...]
     backend: str  # the backend it was found on
+    quantization: Quantization | None = None
+    calibration: Callable[[], list] = list
 
     @classmethod
     def load(cls, path: str) -> "Reproducer":
         namespace: dict = {"__name__": "reproducer"}
         with open(path) as f:
             exec(compile(f.read(), path, "exec"), namespace)
+        quantization = namespace.get("QUANTIZATION")
         return cls(
             namespace["make"], namespace["CALLS"], tuple(namespace["TOLERANCES"]), tuple(namespace["OUTPUTS"]),
-            namespace["BACKEND"],
+            namespace["BACKEND"], Quantization(**quantization) if quantization else None,
+            namespace.get("calibration", list),
         )
 
 
@@ -151,8 +193,10 @@ def tolerance(value: Value) -> float:
 class _Builder:
     """Draws one program step by step, running each line as it goes."""
 
-    def __init__(self, draw: Callable) -> None:
+    def __init__(self, draw: Callable, quantization: Quantization | None = None) -> None:
         self.draw = draw
+        self.quantization = quantization
+        self.layers: dict[str, Value] = {}  # step name -> the last output of a layer a scheme quantizes
         self.values: list[Value] = []
         self.inputs: list[str] = []
         self.attributes: list[Attribute] = []
@@ -219,6 +263,8 @@ class _Builder:
         tensors = [self.namespace[n] for n in names]
         if any(not 0 < t.numel() <= MAX_ELEMENTS for t in tensors) and not data_dependent:
             return False
+        if self.quantization and any(t.is_floating_point() for t in tensors):
+            noise = max(noise, QUANTIZED_NOISE)
         self.lines.extend(lines)
         for name, t in zip(names, tensors):
             self.values.append(Value(name, tuple(t.shape), t.dtype, noise, data_dependent))
@@ -228,8 +274,17 @@ class _Builder:
         name = self.fresh()
         return self.emit([f"{name} = {expression}"], name, noise, data_dependent)
 
+    def layer(self, step: Callable, expression: str) -> bool:
+        """`assign`, and remember the value as `step`'s latest quantized layer output."""
+        if not self.assign(expression):
+            return False
+        self.layers[step.__name__] = self.values[-1]
+        return True
+
     def program(self, outputs: list[Value]) -> Program:
-        return Program(tuple(self.inputs), tuple(self.attributes), tuple(self.lines), tuple(outputs), self.calls)
+        return Program(
+            tuple(self.inputs), tuple(self.attributes), tuple(self.lines), tuple(outputs), self.calls, self.quantization
+        )
 
 
 def _noise(*values: Value, dtype: torch.dtype | None = None, ops: int = 1) -> float:
@@ -799,28 +854,93 @@ def parameter_value(b: _Builder) -> bool:
     return b.assign(b.choice(forms), _noise(Value("", (), dtype)))
 
 
+def _in_features(b: _Builder, width: int) -> int:
+    """`width` padded to a whole number of groups, for a per-group scheme."""
+    group = b.quantization.group_size
+    return -(-width // group) * group if b.quantization.granularity == schemes.PER_GROUP else width
+
+
+def quantized_linear(b: _Builder) -> bool:
+    """An nn.Linear, the layer every scheme quantizes; its input zero-padded to whole groups."""
+    x = b.pick(lambda v: v.dtype == torch.float32 and v.rank >= 1 and v.shape[-1] > 0
+               and v.numel // v.shape[-1] * _in_features(b, v.shape[-1]) <= MAX_ELEMENTS)
+    if x is None:
+        return False
+    width = _in_features(b, x.shape[-1])
+    layer = b.attribute("module", f"torch.nn.Linear({width}, {b.choice(_DIMS + (16, 32))}, bias={b.coin()})", "l")
+    padded = x.name if width == x.shape[-1] else f"F.pad({x.name}, (0, {width - x.shape[-1]}))"
+    return b.layer(quantized_linear, f"{layer}({padded})")
+
+
+def quantized_embedding(b: _Builder) -> bool:
+    """An nn.Embedding (quantized with the embedding option), looked up by a computed or constant index."""
+    rows, group = b.choice((4, 10, 16)), b.quantization.embedding_group_size
+    width = group * b.integer(1, 2) if group else b.choice(_DIMS)
+    table = b.attribute("module", f"torch.nn.Embedding({rows}, {width})", "e")
+    i = b.pick(lambda v: v.dtype in INTEGERS and v.rank <= 2 and v.numel <= 8)
+    index = (f"{i.name}.long().clamp(0, {rows - 1})" if i is not None
+             else _index_tensor(b, _positions(b, rows, 4, unique=False, negative=False)))
+    return b.layer(quantized_embedding, f"{table}({index})")
+
+
 STEPS = (unary, binary, cast, view, slicing, join, split, reduce, compare, select_where, fill, linear,
          norm, attention, conv, index, index_put, buffer, parameter_value)
+# A quantized program is checked by one call of the eager quantized model: no state carried.
+QUANTIZED_STEPS = tuple(s for s in STEPS if s is not buffer) + (quantized_linear, quantized_linear)
+LAYER_TRIES = 8
 
 
 @st.composite
-def programs(draw, min_steps: int = 2, max_steps: int = 12) -> Program:
-    """A random program of `min_steps`..`max_steps` steps over 1-3 inputs."""
-    b = _Builder(draw)
+def programs(draw, min_steps: int = 2, max_steps: int = 12, quantization: Quantization | None = None) -> Program:
+    """A random program of `min_steps`..`max_steps` steps over 1-3 inputs; with `quantization`,
+    its first input float32 and whole groups wide, so an nn.Linear always fits, and at least
+    one nn.Linear (and nn.Embedding, for the embedding option) among the steps, the last of
+    each an output (no buffer steps)."""
+    b = _Builder(draw, quantization)
     for i in range(b.integer(1, 3)):
         dtype = b.choice((torch.float32,) * 4 + DTYPES[1:])
         shape = b.shape()
+        if quantization and i == 0:
+            dtype, shape = torch.float32, (b.choice((1, 2, 4)), quantization.group_size * b.integer(1, 2))
         init = b.random_tensor(shape, dtype)
         b.inputs.append(init)
         b.namespace[f"x{i}"] = eval(init, b.namespace)
         b.values.append(Value(f"x{i}", shape, dtype))
+    steps = STEPS
+    layers: tuple[Callable[[_Builder], bool], ...] = ()
+    if quantization:
+        layers = (quantized_linear,) + ((quantized_embedding,) if quantization.embedding else ())
+        steps = QUANTIZED_STEPS + layers[1:]
     done = 0
     # One "go on?" draw per step (6 in 7: about 8 steps): a shrinker drops a step by
     # dropping its draws, which a step count drawn up front would not let it do.
     while done < max_steps and (done < min_steps or b.integer(0, 6) > 0):
-        if b.choice(STEPS)(b):
+        if b.choice(steps)(b):
             done += 1
+    for layer in layers:
+        for _ in range(0 if layer.__name__ in b.layers else LAYER_TRIES):
+            if layer(b):
+                break
     outputs = [b.values[-1]]
     for _ in range(b.integer(0, 2)):
         outputs.append(b.pick(data_dependent=True))
+    outputs += [v for v in b.layers.values() if v not in outputs]
     return b.program(outputs)
+
+
+@st.composite
+def quantized_programs(draw, backend: str) -> Program:
+    """A random program and a scheme `backend` takes to quantize it by: a granularity the
+    backend takes for it, a group size, maybe an embedding scheme, calibration draws for a
+    static scheme."""
+    scheme = draw(st.sampled_from([s for s in schemes.SCHEMES if backend in s.backends]))
+    embedding = draw(st.sampled_from((None,) + schemes.EMBEDDING_SCHEMES))
+    quantization = Quantization(
+        scheme.name,
+        draw(st.sampled_from(scheme.granularities(backend))),
+        draw(st.sampled_from((16, 32, 64))),
+        embedding,
+        draw(st.sampled_from((0, 16, 32))) if embedding else 0,
+        draw(st.integers(1, 3)) if scheme.needs_calibration else 0,
+    )
+    return draw(programs(quantization=quantization))
