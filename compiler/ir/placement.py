@@ -12,7 +12,9 @@ import collections
 from typing import Mapping
 
 import attrs
+import torch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec
@@ -25,6 +27,12 @@ CPU = "cpu"
 
 # Op namespaces whose CPU kernels are ExecuTorch's portable kernels.
 _PORTABLE_NAMESPACES = ("aten", "dim_order_ops")
+
+_FLOATING = ("float16", "bfloat16", "float32", "float64")
+# The compile spec that sets the floating precision a delegate computes in (Core ML's), and its
+# value where a backend's specs leave it out (ExecuTorch's `model_compute_precision_from_compile_specs`).
+COMPUTE_PRECISION_SPEC = "compute_precision"
+_DEFAULT_COMPUTE_PRECISION = {"CoreMLBackend": "float16"}
 
 
 def backend_name(backend_id: str) -> str:
@@ -39,12 +47,27 @@ def cpu_kernel(op: str) -> str:
     return "CPU (portable kernel)" if namespace in _PORTABLE_NAMESPACES else f"CPU ({namespace} kernel)"
 
 
+def _dtypes(node: torch.fx.Node) -> list[str]:
+    leaves = pytree.tree_leaves(node.meta.get("val"))
+    return [str(leaf.dtype).removeprefix("torch.") for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def computed_dtype(node: torch.fx.Node) -> str | None:
+    """The dtype a node computes in as the program says: its result's when floating, else its
+    first floating input's (a comparison), else its result's (None for no tensor)."""
+    results = _dtypes(node)
+    inputs = [dtype for arg in node.all_input_nodes for dtype in _dtypes(arg)]
+    floating = [dtype for dtype in results + inputs if dtype in _FLOATING]
+    return floating[0] if floating else next(iter(results), None)
+
+
 @attrs.frozen
 class NodePlacement:
     node: str
     op: str
     tag: str | None
     reason: str | None = None  # set for nodes left on the CPU
+    dtype: str | None = None  # what the node computes in as the program says (`computed_dtype`)
 
     @property
     def on_cpu(self) -> bool:
@@ -72,6 +95,7 @@ class PlacedNode:
     backend_id: str | None  # None on the CPU
     tag: str | None
     reason: str
+    precision: str | None = None  # what it computes in: its dtype, or its delegate's compute precision
 
 
 @attrs.frozen
@@ -113,7 +137,7 @@ class PlacementPlan:
         for node in op_nodes(ep):
             tag = node.meta.get(DELEGATION_TAG)
             reason = None if tag else cpu_reasons[node.name]
-            placements.append(NodePlacement(node.name, op_name(node.target), tag, reason))
+            placements.append(NodePlacement(node.name, op_name(node.target), tag, reason, computed_dtype(node)))
         placed = {p.node for p in placements}
         other_tags = {
             n.name: n.meta[DELEGATION_TAG]
@@ -126,6 +150,15 @@ class PlacementPlan:
         if placement.tag is None:
             return CPU
         return f"{self.partitions[placement.tag].backend_id}/{placement.tag}"
+
+    def precision(self, placement: NodePlacement) -> str | None:
+        """What a node computes in: on the CPU its dtype; in a delegate with a compute precision
+        (Core ML: float16 unless its compile specs say otherwise), that one for floating values."""
+        if placement.on_cpu or placement.dtype not in _FLOATING:
+            return placement.dtype
+        spec = self.partitions[placement.tag]
+        given = next((s.value.decode() for s in spec.compile_specs if s.key == COMPUTE_PRECISION_SPEC), None)
+        return given or _DEFAULT_COMPUTE_PRECISION.get(spec.backend_id, placement.dtype)
 
     def delegate_numbers(self) -> dict[str, int]:
         """Tag -> the delegate's number for its backend (1, 2, ...), in program order."""
@@ -144,14 +177,14 @@ class PlacementPlan:
         rows = []
         for p in self.nodes:
             if p.on_cpu:
-                rows.append(PlacedNode(p.node, p.op, cpu_kernel(p.op), None, None, p.reason or ""))
+                rows.append(PlacedNode(p.node, p.op, cpu_kernel(p.op), None, None, p.reason or "", p.dtype))
                 continue
             backend_id = self.partitions[p.tag].backend_id
             name = backend_name(backend_id)
             rows.append(
                 PlacedNode(
                     p.node, p.op, f"{name} delegate {numbers[p.tag]}", backend_id, p.tag,
-                    f"the {name} partitioner took it",
+                    f"the {name} partitioner took it", self.precision(p),
                 )
             )
         return tuple(rows)

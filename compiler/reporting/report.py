@@ -61,6 +61,13 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     "vmap_inlined": lambda _: "inlined vmap regions",
     "views_owned": lambda n: f"gave {_count(n, 'constant view')} its own storage",
     "constants_made_row_major": lambda n: f"made {_count(n, 'constant')} row-major",
+    # precision
+    "precision": lambda why: why,
+    "dtype": lambda dtype: f"computes in {dtype}",
+    "tensors_converted": lambda n: f"stored {_count(n, 'weight or buffer', 'weights and buffers')} in it",
+    "dtype_arguments": lambda n: f"retargeted {_count(n, 'cast or factory', 'casts and factories')}",
+    "edge_casts": lambda n: f"cast {_count(n, 'input or output', 'inputs and outputs')} at the edges",
+    "casts_added": lambda n: f"added {_count(n, 'cast')} inside",
     # fold
     "folded": lambda n: f"folded {_count(n, 'node')} into constants" if n else "folded nothing",
     "constants": lambda n: f"made {_count(n, 'constant')}",
@@ -184,23 +191,25 @@ class Report:
 
     def node_rows(self) -> tuple[list[str], list[list[str]]]:
         """(header, rows): every op node, where it runs and why (empty without a plan)."""
-        header = ["node", "op", "runs on", "delegate", "reason"]
+        header = ["node", "op", "runs on", "delegate", "precision", "reason"]
         if self.plan is None:
             return header, []
         return header, [
-            [n.node, n.op, n.where, f"{n.backend_id}/{n.tag}" if n.tag else "-", n.reason] for n in self.plan.described()
+            [n.node, n.op, n.where, f"{n.backend_id}/{n.tag}" if n.tag else "-", _cell(n.precision), n.reason]
+            for n in self.plan.described()
         ]
 
     def grouped_rows(self) -> tuple[list[str], list[list[str]]]:
         """(header, rows): one row per (op, where, reason), with how many nodes."""
-        header = ["op", "count", "runs on", "reason"]
+        header = ["op", "count", "runs on", "precision", "reason"]
         if self.plan is None:
-            return header, [[s.op, str(s.count), s.where, s.reason] for s in self.placement]
+            return header, [[s.op, str(s.count), s.where, "-", s.reason] for s in self.placement]
         counts = collections.Counter(
-            (n.op, backend_name(n.backend_id) if n.backend_id else n.where, n.reason) for n in self.plan.described()
+            (n.op, backend_name(n.backend_id) if n.backend_id else n.where, _cell(n.precision), n.reason)
+            for n in self.plan.described()
         )
         ordered = sorted(counts.items(), key=lambda item: (item[0][1].startswith("CPU"), item[0][1], item[0][0]))
-        return header, [[op, str(n), where, reason] for (op, where, reason), n in ordered]
+        return header, [[op, str(n), where, precision, reason] for (op, where, precision, reason), n in ordered]
 
     def format_shares(self) -> str:
         """One line: how many ops each delegate and the CPU run ("" without a plan)."""

@@ -40,10 +40,11 @@ def test_every_node_says_where_it_runs_and_why_in_words(compiled):
     assert linear.tag and linear.reason == "the XNNPACK partitioner took it"
 
     header, rows = report.placement_rows()
-    assert header == ["node", "op", "runs on", "delegate", "reason"]
+    assert header == ["node", "op", "runs on", "delegate", "precision", "reason"]
     assert len(rows) == len(report.plan.nodes)  # a small program: one row per node
     (cpu_row,) = [row for row in rows if row[2].startswith("CPU")]
-    assert cpu_row[1:] == ["aten.cumsum.default", "CPU (portable kernel)", "-", cumsum.reason]
+    assert cpu_row[1:] == ["aten.cumsum.default", "CPU (portable kernel)", "-", "float32", cumsum.reason]
+    assert linear.precision == "float32"  # XNNPACK computes in the node's dtype
     text = report.format_placement()
     assert "XNNPACK does not support cumsum.default" in text and f"XnnpackBackend/{linear.tag}" in text
 
@@ -87,6 +88,8 @@ def test_stage_notes_are_words(compiled):
         ("constants", 1), ("bytes_added", 4096), ("bytes_removed", 10), ("masks", 1), ("kept", 8),
         ("skipped", "every kept op has a CPU kernel"), ("because", "you set dry_run_mode to always"),
         ("decomposed", "aten.matmul.default"), ("copies", 2), ("initialized_state", 1), ("pte_bytes", 2048),
+        ("precision", "bfloat16 became float32: XNNPACK has no bfloat16 kernels"), ("dtype", "float32"),
+        ("tensors_converted", 48), ("dtype_arguments", 16), ("edge_casts", 2), ("casts_added", 1),
     ],
 )
 def test_every_stage_metric_has_a_phrase(key, value):
@@ -106,7 +109,7 @@ def test_json_report_holds_the_whole_report(compiled):
     assert data["check"]["passed"] is True and data["check"]["tolerance_kind"] == "absolute"
     assert len(data["check"]["per_output"]) == data["check"]["outputs"] == 1
     assert [n["node"] for n in data["nodes"]] == [p.node for p in report.plan.nodes]
-    assert set(data["nodes"][0]) == {"node", "op", "where", "backend_id", "tag", "reason"}
+    assert set(data["nodes"][0]) == {"node", "op", "where", "backend_id", "tag", "reason", "precision"}
     assert [s["name"] for s in data["shares"]] == ["XNNPACK", "CPU"]
     assert [s["stage"] for s in data["stages"]] == list(STAGE_NAMES)
     assert all("messages" in s and "notes" in s for s in data["stages"])
@@ -114,19 +117,19 @@ def test_json_report_holds_the_whole_report(compiled):
 
 
 def _plan(ops: int) -> PlacementPlan:
-    """`ops` Core ML adds, then one CPU cumsum."""
-    nodes = [NodePlacement(f"add_{i}", "aten.add.Tensor", "tag0") for i in range(ops)]
-    nodes.append(NodePlacement("cumsum", "aten.cumsum.default", None, "Core ML cannot convert aten.cumsum.default"))
+    """`ops` Core ML adds, then one CPU cumsum, all of float32 values."""
+    nodes = [NodePlacement(f"add_{i}", "aten.add.Tensor", "tag0", dtype="float32") for i in range(ops)]
+    nodes.append(NodePlacement("cumsum", "aten.cumsum.default", None, "Core ML cannot convert aten.cumsum.default", "float32"))
     return PlacementPlan(tuple(nodes), {"tag0": DelegationSpec("CoreMLBackend", [])})
 
 
 def test_a_long_program_is_grouped_and_says_where_every_node_is():
     report = Report(plan=_plan(Report.PER_NODE_LIMIT))
     header, rows = report.placement_rows()
-    assert header == ["op", "count", "runs on", "reason"]
-    assert rows == [
-        ["aten.add.Tensor", str(Report.PER_NODE_LIMIT), "Core ML", "the Core ML partitioner took it"],
-        ["aten.cumsum.default", "1", "CPU (portable kernel)", "Core ML cannot convert aten.cumsum.default"],
+    assert header == ["op", "count", "runs on", "precision", "reason"]
+    assert rows == [  # Core ML computes in its default compute precision, float16
+        ["aten.add.Tensor", str(Report.PER_NODE_LIMIT), "Core ML", "float16", "the Core ML partitioner took it"],
+        ["aten.cumsum.default", "1", "CPU (portable kernel)", "float32", "Core ML cannot convert aten.cumsum.default"],
     ]
     text = report.format_placement()
     assert text.splitlines()[0] == "Core ML: 60 of 61 ops (98%); CPU: 1 of 61 ops (2%)"
@@ -138,7 +141,8 @@ def test_a_report_without_a_plan_keeps_the_grouped_summary():
     plan = _plan(2)
     report = Report(stages=(StageRecord("partition", 0.1),), placement=plan.summary())
     header, rows = report.placement_rows()
-    assert header == ["op", "count", "runs on", "reason"] and rows[0][:3] == ["aten.add.Tensor", "2", "CoreMLBackend"]
+    assert header == ["op", "count", "runs on", "precision", "reason"]
+    assert rows[0][:3] == ["aten.add.Tensor", "2", "CoreMLBackend"]
     assert report.to_json()["nodes"] == [] and report.format_shares() == ""
 
 
