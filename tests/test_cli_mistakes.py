@@ -86,14 +86,14 @@ def test_a_file_under_a_file_is_refused_before_the_compile(capsys, a_file, flag)
     err = capsys.readouterr().err
     assert f"{flag} '{target}'" in err and "cannot create the folder" in err
     assert "what to do: give" in err and "Traceback" not in err
-    assert "[1/8] capture" not in err  # no stage ran
+    assert "[1/10] quantize" not in err  # no stage ran
 
 
 def test_a_dump_dir_under_a_file_is_refused_before_the_compile(capsys, a_file):
     assert main(["compile", "mlp", "--dump-dir", str(a_file / "dump")]) == 2
     err = capsys.readouterr().err
     assert "--dump-dir" in err and str(a_file / "dump") in err and "cannot create the folder" in err
-    assert "[1/8] capture" not in err and "Traceback" not in err
+    assert "[1/10] quantize" not in err and "Traceback" not in err
 
 
 def test_checking_an_output_leaves_no_file_behind(capsys, tmp_path, monkeypatch):
@@ -206,4 +206,4 @@ def test_a_stage_option_naming_no_operator_is_refused_before_capture(capsys):
     assert main(["compile", "mlp", "--fold-skip-ops", "aten.nope.default"]) == 2
     err = capsys.readouterr().err
     assert "fold_skip_ops names no operator: 'aten.nope.default'" in err and "what to do:" in err
-    assert "[1/8] capture" not in err and "saved to" not in err  # no stage ran, nothing to save
+    assert "[1/10] quantize" not in err and "saved to" not in err  # no stage ran, nothing to save

@@ -64,8 +64,8 @@ def test_the_cache_folder_keeps_the_newest_reproducers_each_in_its_own_folder(sm
     kept = [os.path.dirname(e.reproducer_path) for e in errors[-KEPT_REPRODUCERS:]]
     assert sorted(os.path.basename(folder) for folder in kept) == folders  # the newest, in name order
     for folder in folders:
-        assert os.listdir(os.path.join(cache, folder)) == ["capture.stage"]
-        assert load_stage_file(os.path.join(cache, folder, "capture.stage")).stage == "capture"
+        assert os.listdir(os.path.join(cache, folder)) == ["precision.stage"]
+        assert load_stage_file(os.path.join(cache, folder, "precision.stage")).stage == "precision"
 
     newest = errors[-1].reproducer_path
     assert f"the stage input was saved to {newest}" in str(errors[-1])
@@ -95,9 +95,9 @@ def test_a_folder_removed_by_another_process_meanwhile_is_no_error(small_model, 
 def test_with_a_dump_folder_the_reproducer_is_saved_in_it(small_model, places):
     dump = places["home"] / "dump"
     error = failing_compile(small_model, dump_dir=str(dump))
-    assert error.reproducer_path == str(dump / "capture.stage")
+    assert error.reproducer_path == str(dump / "precision.stage")
     assert f"the stage input was saved to {error.reproducer_path}" in str(error)
-    assert load_stage_file(error.reproducer_path).stage == "capture"
+    assert load_stage_file(error.reproducer_path).stage == "precision"
     assert os.listdir(places["tmp"]) == [] and os.listdir(places["cache"]) == []
 
 
@@ -105,8 +105,8 @@ def test_a_folder_the_caller_named_is_never_pruned(small_model, places):
     chosen = places["home"] / "reproducers"
     for _ in range(2):
         error = failing_compile(small_model, reproducer_dir=str(chosen))
-    assert error.reproducer_path == str(chosen / "capture.stage")
-    assert os.listdir(chosen) == ["capture.stage"]
+    assert error.reproducer_path == str(chosen / "precision.stage")
+    assert os.listdir(chosen) == ["precision.stage"]
 
 
 def test_the_option_help_states_how_many_are_kept():

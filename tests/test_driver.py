@@ -17,7 +17,7 @@ from compiler.stages import STAGE_NAMES, default_stages
 
 
 def test_pipeline_whose_types_do_not_chain_is_refused_before_running():
-    capture, fold, dry_run, decompose, partition, split, lower, emit = default_stages()
+    quantize, capture, precision, fold, dry_run, decompose, partition, split, lower, emit = default_stages()
     with pytest.raises(PipelineError) as err:
         Pipeline([capture, partition, lower])
     assert "'capture' returns AtenProgram" in str(err.value)
@@ -169,7 +169,7 @@ def test_user_instruments_see_every_stage(small_model):
     model, inputs = small_model
     recorder = Recorder()
     compiler.compile(model, inputs, "portable", instruments=[recorder])
-    assert recorder.calls[:2] == [("before", "capture"), ("after", "capture")]
+    assert recorder.calls[:4] == [("before", "quantize"), ("after", "quantize"), ("before", "capture"), ("after", "capture")]
     assert len(recorder.calls) == 2 * len(STAGE_NAMES)
 
 

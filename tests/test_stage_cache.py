@@ -19,7 +19,7 @@ from compiler.ir.placement import PlacementPlan
 from compiler.reporting.report import StageRecord
 from tiny_models import AddMul  # tests/tiny_models.py: a Linear XNNPACK takes and a cumsum it leaves
 
-AFTER_CAPTURE = list(STAGE_NAMES[1:])
+AFTER_CAPTURE = list(STAGE_NAMES[STAGE_NAMES.index("capture") + 1 :])
 
 
 @pytest.fixture(autouse=True)
@@ -108,8 +108,9 @@ def test_a_changed_weight_misses_every_stage(tmp_path):
     "option, hits",
     [
         ({"emit_stacktrace": True}, AFTER_CAPTURE[:-1]),  # only emit reruns
-        ({"dry_run_mode": "always"}, ["fold"]),  # dry run and after rerun
-        ({"fold_skip_ops": ("aten.t.default",)}, []),  # everything after capture reruns
+        ({"dry_run_mode": "always"}, ["precision", "fold"]),  # dry run and after rerun
+        ({"fold_skip_ops": ("aten.t.default",)}, ["precision"]),  # fold and after rerun
+        ({"precision": "float32"}, []),  # everything after capture reruns
     ],
 )
 def test_a_changed_stage_option_misses_from_that_stage_on(tmp_path, option, hits):
@@ -189,7 +190,7 @@ def test_stop_after_loads_the_stage_it_stops_at(tmp_path):
     model, inputs = _model()
     compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))
     result = compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path), stop_after="partition")
-    assert [r.stage for r in result.report.stages if r.cached] == ["fold", "dry_run", "decompose", "partition"]
+    assert [r.stage for r in result.report.stages if r.cached] == ["precision", "fold", "dry_run", "decompose", "partition"]
     assert type(result.artifact).__name__ == "PartitionedProgram" and result.stages["partition"] is result.artifact
 
 

@@ -74,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
         help="write the .pte here (with --stop-after: the stage file); without it nothing is written",
     )
     _add_option_flags(compile_cmd)
+    calibration = compile_cmd.add_mutually_exclusive_group()
+    calibration.add_argument(
+        "--calibration", metavar="FILE",
+        help="calibration inputs for a static --quantize scheme: a torch.save'd list of input tuples",
+    )
+    calibration.add_argument(
+        "--calibration-draws", type=int, metavar="N",
+        help="calibrate on N draws of inputs from the model factory (one that takes a seed keyword, as the "
+        "built-in models do)",
+    )
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     _add_tolerance_flag(compile_cmd, "--check")
     compile_cmd.add_argument(
@@ -372,6 +382,15 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     if resume_from and not os.path.isfile(resume_from):
         raise UserInputError(f"--resume-from {resume_from!r}: the stage file does not exist", hint="give a .stage file "
                              "written by --stop-after, --dump-dir or a failed compile")
+    if args.calibration and not os.path.isfile(args.calibration):
+        raise UserInputError(
+            f"--calibration {args.calibration!r}: the file does not exist",
+            stage="quantize", hint="give a file written by torch.save([inputs, ...], FILE)",
+        )
+    if args.calibration_draws is not None and args.calibration_draws < 1:
+        raise UserInputError(f"--calibration-draws {args.calibration_draws}: give at least 1", stage="quantize")
+    if (args.calibration or args.calibration_draws) and not args.model:
+        raise UserInputError("calibration needs the MODEL", stage="quantize", hint="pass MODEL, or drop the calibration flag")
     output = _file_to_write("-o", args.output)
     report_json = _file_to_write("--report-json", args.report_json)
     report_html = _file_to_write("--report-html", args.report_html)
@@ -402,6 +421,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
     use_model = not resume_from
+    calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if use_model else None
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
     try:
         result = api.compile(
@@ -410,6 +430,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
             args.backend,
             backend_options=backend_options,
             dynamic_shapes=dynamic_shapes,
+            calibration=calibration,
             instruments=instruments,
             **given,
         )
@@ -453,6 +474,25 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
             f.write(page)
     _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
     return status
+
+
+def _calibration(args: argparse.Namespace) -> Any:
+    if args.calibration_draws:
+        from compiler.models.examples import draw_inputs
+
+        return draw_inputs(args.model, args.calibration_draws)
+    if not args.calibration:
+        return None
+    import torch
+
+    try:
+        return torch.load(args.calibration, weights_only=True)
+    except Exception as exc:  # torch.load fails in many ways on a file it did not write
+        raise UserInputError(
+            f"--calibration {args.calibration!r} is not a torch.save'd list of input tuples "
+            f"({type(exc).__name__}: {exc})",
+            stage="quantize", hint="write it with torch.save([(tensor, ...), ...], FILE)",
+        ) from exc
 
 
 def _load(backend: str | None) -> None:

@@ -95,14 +95,16 @@ class SharedBuffer(nn.Module):
 
 
 def _seeded(factory: Callable) -> Callable:
-    """Same weights and inputs on every call, so a resumed run can be checked against eager."""
+    """Same weights and inputs on every call, so a resumed run can be checked against eager;
+    `seed` draws others (calibration inputs are the inputs of draws 1..N)."""
 
     @functools.wraps(factory)
-    def make(*args, **kwargs):
+    def make(*args, seed: int = 0, **kwargs):
         with torch.random.fork_rng():
-            torch.manual_seed(0)
+            torch.manual_seed(seed)
             return factory(*args, **kwargs)
 
+    make.draws_inputs = True
     return make
 
 
@@ -142,17 +144,37 @@ EXAMPLES: dict[str, Callable] = {
 MODELS: dict[str, Callable] = {**EXAMPLES, **model_suite.SUITE}
 
 
+def _factory(spec: str) -> tuple[Callable, dict[str, Any]]:
+    check_model_spec(spec)
+    head, _, tail = spec.partition(":")
+    if head in MODELS:
+        return MODELS[head], _parse_kwargs(tail, spec)
+    return _factory_from_file(head, tail), {}
+
+
 def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
     """`name[:key=value,...]` for a built-in example, or `path/to/file.py:factory`.
 
     A factory returns `(module, example_inputs)` or `(module, example_inputs, dynamic_shapes)`.
     """
-    check_model_spec(spec)
-    head, _, tail = spec.partition(":")
-    if head in MODELS:
-        factory, kwargs = MODELS[head], _parse_kwargs(tail, spec)
-    else:
-        factory, kwargs = _factory_from_file(head, tail), {}
+    factory, kwargs = _factory(spec)
+    return _made(spec, factory, kwargs)
+
+
+def draw_inputs(spec: str, count: int) -> tuple[tuple, ...]:
+    """`count` input tuples for calibration: the example inputs of the factory's draws 1..count.
+    A factory offers draws when it takes a `seed` keyword (the built-in models do)."""
+    factory, kwargs = _factory(spec)
+    if not (getattr(factory, "draws_inputs", False) or "seed" in inspect.signature(factory).parameters):
+        raise UserInputError(
+            f"the model factory for {spec!r} offers no draws of inputs: it takes no `seed` keyword",
+            stage="quantize",
+            hint="give the factory a seed=0 keyword that seeds its random inputs, or pass --calibration FILE",
+        )
+    return tuple(tuple(_made(spec, factory, {**kwargs, "seed": seed})[1]) for seed in range(1, count + 1))
+
+
+def _made(spec: str, factory: Callable, kwargs: dict[str, Any]) -> tuple[nn.Module, tuple, Any]:
     try:
         made = factory(**kwargs)
     except Exception as exc:

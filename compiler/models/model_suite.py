@@ -20,10 +20,11 @@ TRANSFORMERS_RANGE = ">=5.4,<5.6"
 
 
 def _needs_transformers(builder: Callable) -> Callable:
-    """Seeded like the built-in examples, and a named error when the extra is missing."""
+    """Seeded like the built-in examples (`seed` draws others), and a named error when the
+    extra is missing."""
 
     @functools.wraps(builder)
-    def build(*args, **kwargs):
+    def build(*args, seed: int = 0, **kwargs):
         try:
             import transformers  # noqa: F401
         except ImportError as exc:
@@ -32,10 +33,11 @@ def _needs_transformers(builder: Callable) -> Callable:
                 hint="pip install -e '.[models]'",
             ) from exc
         with torch.random.fork_rng():
-            torch.manual_seed(0)
+            torch.manual_seed(seed)
             module, inputs = builder(*args, **kwargs)
         return module.eval(), inputs
 
+    build.draws_inputs = True
     return build
 
 

@@ -51,6 +51,12 @@ def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] 
             f"{', '.join(scheme.backends)}",
         )
     granularity = options.granularity or scheme.default_granularity(backend)
+    group_rule = schemes.GROUP_SIZES.get(backend)
+    if granularity == PER_GROUP and group_rule and not group_rule[0](options.group_size):
+        raise UserInputError(
+            f"the {backend} backend takes group sizes that are {group_rule[1]}, not {options.group_size}",
+            stage=STAGE, hint=f"give a quantize_group_size that is {group_rule[1]}",
+        )
     if granularity not in takes:
         raise UserInputError(
             f"the quantize scheme {scheme.name!r} on {backend} takes granularity {' or '.join(takes)}, "
@@ -121,14 +127,37 @@ def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def _is(kind: type) -> Callable[[torch.nn.Module, str], bool]:
-    return lambda module, fqn: isinstance(module, kind)
+def _layers(kind: type, group_size: int | None, left: dict[str, str]) -> Callable[[torch.nn.Module, str], bool]:
+    """TorchAO's filter: the modules of `kind` whose rows split into whole groups; the others
+    are left in float, each with why in `left` (ExecuTorch's LLM export skips them the same way)."""
+
+    def take(module: torch.nn.Module, fqn: str) -> bool:
+        if not isinstance(module, kind):
+            return False
+        columns = module.weight.shape[-1]
+        if group_size and columns % group_size:
+            left[fqn] = f"{columns} input features are not a multiple of the group size {group_size}"
+            return False
+        return True
+
+    return take
+
+
+def _quantize_layers(module: torch.nn.Module, config: Any, kind: type, group_size: int | None, left: dict[str, str]) -> None:
+    from torchao.quantization import quantize_
+    from torchao.utils import unwrap_tensor_subclass
+
+    quantize_(module, config, filter_fn=_layers(kind, group_size, left))
+    # Quantized weights as plain tensors (parametrized), as ExecuTorch's recipes leave them:
+    # capture then lifts ordinary constants, which the stage cache and stage files can hash and save.
+    unwrap_tensor_subclass(module)
 
 
 def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) -> tuple[torch.nn.Module, dict]:
     """The eager quantized module, and what the report says of it."""
     chosen = chosen_scheme(options, backend)
     metrics: dict[str, Any] = {}
+    left: dict[str, str] = {}  # layer -> why the scheme left it in float
     module = model.module
     if chosen is not None:
         scheme, granularity = chosen
@@ -138,22 +167,19 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         if scheme.flow == PT2E:
             module = _pt2e(model, _pt2e_quantizer(scheme, granularity, backend))
         else:
-            from torchao.quantization import quantize_
-
             module = _module_tree_copy(module)
-            quantize_(module, _torchao_config(scheme, granularity, options.group_size, options.bits), filter_fn=_is(torch.nn.Linear))
+            config = _torchao_config(scheme, granularity, options.group_size, options.bits)
+            _quantize_layers(module, config, torch.nn.Linear, options.group_size if granularity == PER_GROUP else None, left)
     if options.embedding is not None:
-        from torchao.quantization import quantize_
-
         if module is model.module:
             module = _module_tree_copy(module)
         embedding = schemes.BY_NAME[options.embedding]
-        granularity = PER_CHANNEL if options.embedding_group_size == 0 else PER_GROUP
-        quantize_(
-            module, _torchao_config(embedding, granularity, options.embedding_group_size),
-            filter_fn=_is(torch.nn.Embedding),
-        )
+        group = options.embedding_group_size
+        config = _torchao_config(embedding, PER_GROUP if group else PER_CHANNEL, group)
+        _quantize_layers(module, config, torch.nn.Embedding, group or None, left)
         metrics["embedding"] = options.embedding
+    if left:
+        metrics["left_in_float"] = "; ".join(f"{fqn}: {why}" for fqn, why in left.items())
     return module, metrics
 
 

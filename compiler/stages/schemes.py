@@ -90,7 +90,7 @@ SCHEMES: tuple[Scheme, ...] = (
                 PER_GROUP: "coreml_torchao_int4_weight_only_per_group",
                 PER_CHANNEL: "coreml_torchao_int4_weight_only_per_channel",
             },
-            "mlx": {PER_GROUP: None},
+            "mlx": {PER_GROUP: None, PER_CHANNEL: None},
         },
     ),
     Scheme(
@@ -100,7 +100,7 @@ SCHEMES: tuple[Scheme, ...] = (
                 PER_CHANNEL: "coreml_torchao_int8_weight_only_per_channel",
                 PER_GROUP: "coreml_torchao_int8_weight_only_per_group",
             },
-            "mlx": {PER_GROUP: None},
+            "mlx": {PER_GROUP: None, PER_CHANNEL: None},
         },
     ),
     Scheme(
@@ -108,6 +108,13 @@ SCHEMES: tuple[Scheme, ...] = (
         WEIGHT_ONLY, 0, {"coreml": {PER_GROUP: "coreml_codebook_weight_only"}},
     ),
 )
+
+# Backend -> (whether it takes a group size, the rule in words): XNNPACK's lowering asserts
+# "group_size to be a multiple of 32"; MLX's quantized kernels take 32, 64 and 128.
+GROUP_SIZES = {
+    "xnnpack": (lambda size: size % 32 == 0, "a multiple of 32"),
+    "mlx": (lambda size: size in (32, 64, 128), "32, 64 or 128"),
+}
 
 BY_NAME: dict[str, Scheme] = {scheme.name: scheme for scheme in SCHEMES}
 SCHEME_NAMES: tuple[str, ...] = tuple(BY_NAME)

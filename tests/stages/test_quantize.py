@@ -1,0 +1,141 @@
+"""The quantize stage: named schemes per backend, calibration, and what it records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import compiler
+from compiler.cli.main import main
+from compiler.driver.instruments import Instrument
+from compiler.models.examples import draw_inputs, mlp
+from compiler.running.runtime import LoadedProgram
+from compiler.stages.schemes import PORTABLE_ANSWER
+
+
+class StagesRun(Instrument):
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def before_stage(self, stage, artifact):
+        self.ran.append(stage)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mlp(features=32, hidden=64, layers=2, batch=4)[:2]
+
+
+def test_a_static_scheme_without_calibration_fails_before_any_stage(model):
+    stages = StagesRun()
+    with pytest.raises(compiler.UserInputError) as err:
+        compiler.compile(*model, "xnnpack", quantize="int8_static", instruments=[stages])
+    assert err.value.stage == "quantize" and "calibration" in str(err.value) and "calibration=" in err.value.hint
+    assert stages.ran == []
+
+
+@pytest.mark.parametrize(
+    "backend, options, says",
+    [
+        ("coreml", {"quantize": "int8_dynamic"}, "for coreml use one of: int8_static, int8_weight, 4w, 8w, codebook"),
+        ("xnnpack", {"quantize": "int8_dynamic", "quantize_granularity": "per_group"}, "takes granularity per_channel"),
+        ("portable", {"quantize": "8da4w"}, PORTABLE_ANSWER),
+        ("xnnpack", {"quantize": "8da4w", "quantize_group_size": 16}, "group sizes that are a multiple of 32"),
+    ],
+)
+def test_a_scheme_the_backend_does_not_take_is_named(model, backend, options, says):
+    with pytest.raises(compiler.UserInputError) as err:
+        compiler.compile(*model, backend, **options)
+    assert err.value.stage == "quantize"
+    assert says in f"{err.value} {err.value.hint}"
+
+
+def test_an_unknown_scheme_is_named_with_the_known_ones(model):
+    with pytest.raises(compiler.UserInputError) as err:
+        compiler.compile(*model, "xnnpack", quantize="int3")
+    assert "int3" in str(err.value) and "8da4w" in err.value.hint
+
+
+def test_torchao_quantizes_a_copy_and_leaves_the_users_model_alone(model):
+    module, inputs = model
+    before = {name: (t, t.clone()) for name, t in module.named_parameters()}
+    result = compiler.compile(module, inputs, "xnnpack", quantize="8da4w", quantize_group_size=64)
+    after = dict(module.named_parameters())
+    assert all(after[name] is t and torch.equal(t, copy) for name, (t, copy) in before.items())
+    quantized = result.stages["quantize"].module
+    assert quantized is not module and result.stages["quantize"].float_module is module
+    row = next(r for r in result.report.stages if r.stage == "quantize")
+    # The first layer's 32 input features do not split into groups of 64: it stays in float, and says why.
+    assert row.metrics == {
+        "scheme": "8da4w", "granularity": "per_group", "group_size": 64,
+        "left_in_float": "layers.0: 32 input features are not a multiple of the group size 64",
+    }
+    # The eager quantized model computes something else than the float model.
+    with torch.no_grad():
+        assert not torch.allclose(quantized(*inputs), module(*inputs), atol=1e-4)
+
+
+def test_int8_static_on_xnnpack_is_delegated_whole_and_matches_the_eager_quantized_model(model):
+    module, inputs = model
+    calibration = draw_inputs("mlp:features=32,hidden=64,layers=2,batch=4", 4)
+    result = compiler.compile(module, inputs, "xnnpack", quantize="int8_static", calibration=calibration)
+    assert not result.report.plan.cpu_nodes
+    got = LoadedProgram(result)(inputs)[0]
+    with torch.no_grad():
+        want = result.stages["quantize"].module(*inputs)
+    assert (got - want).abs().max().item() <= 1e-5  # integer arithmetic on both sides
+    captured = {str(n.target) for n in result.stages["capture"].program.graph.nodes}
+    assert "quantized_decomposed.quantize_per_tensor.default" in captured
+
+
+def test_calibration_changes_a_static_program_and_the_options_are_recorded(model, tmp_path):
+    module, inputs = model
+    small = [(inputs[0] * 0.1,)]
+    large = [(inputs[0] * 10.0,)]
+    a = compiler.compile(module, inputs, "xnnpack", quantize="int8_static", calibration=small, dump_dir=tmp_path / "a")
+    b = compiler.compile(module, inputs, "xnnpack", quantize="int8_static", calibration=large)
+    assert a.pte != b.pte
+    assert a.config.to_json()["stages"]["quantize"]["scheme"] == "int8_static"
+    # The capture stage file records the configuration; resuming from it emits the same program.
+    resumed = compiler.compile(None, resume_from=tmp_path / "a" / "02-capture.stage")
+    assert resumed.pte == a.pte
+    assert resumed.config.quantize.scheme == "int8_static"
+
+
+def test_the_stage_cache_keys_on_the_quantized_program(model, tmp_path):
+    module, inputs = model
+    cache = str(tmp_path / "cache")
+    first = compiler.compile(module, inputs, "xnnpack", quantize="8da4w", cache_dir=cache)
+    again = compiler.compile(module, inputs, "xnnpack", quantize="8da4w", cache_dir=cache)
+    other = compiler.compile(module, inputs, "xnnpack", quantize="8da4w", quantize_granularity="per_channel", cache_dir=cache)
+    cached = lambda r: [row.stage for row in r.report.stages if row.cached]  # noqa: E731
+    assert cached(first) == [] and "lower" in cached(again) and cached(other) == []
+    assert again.pte == first.pte != other.pte
+
+
+def test_the_cli_quantizes_with_draws_and_with_a_calibration_file(tmp_path, capsys):
+    spec = "mlp:features=16,hidden=32,layers=2"
+    saved = tmp_path / "calibration.pt"
+    torch.save(list(draw_inputs(spec, 2)), saved)
+    report = tmp_path / "r.json"
+    assert main(["compile", spec, "--backend", "xnnpack", "--quantize", "int8_static", "--calibration", str(saved),
+                 "--no-cache", "--report-json", str(report)]) == 0
+    config = json.loads(report.read_text())["config"]
+    assert config["stages"]["quantize"]["scheme"] == "int8_static"
+    assert main(["compile", spec, "--backend", "xnnpack", "--quantize", "int8_static", "--calibration-draws", "2",
+                 "--no-cache"]) == 0
+    assert main(["compile", spec, "--backend", "xnnpack", "--quantize", "int8_static", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "[quantize]" in err and "--calibration-draws" in err
+
+
+def test_draws_need_a_factory_that_takes_a_seed(tmp_path):
+    path = tmp_path / "fixed.py"
+    path.write_text("import torch\ndef make():\n    return torch.nn.Linear(4, 4), (torch.randn(1, 4),)\n")
+    with pytest.raises(compiler.UserInputError) as err:
+        draw_inputs(f"{path}:make", 2)
+    assert "seed" in str(err.value)
+    first, second = draw_inputs("mlp", 2)
+    assert not torch.equal(first[0], second[0])
