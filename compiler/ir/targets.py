@@ -24,15 +24,27 @@ class Target:
     reference_runner: str | None = None
     # Where its payloads run, for the error a machine that cannot run them gives.
     runs_on: str | None = None
+    # Why its delegate computes no bfloat16 (None: it does): there precision `auto` computes
+    # a bfloat16 program in float32.
+    no_bfloat16: str | None = None
+    # The floating precision its delegate computes in when its compile specs leave it out
+    # (None: each node's own dtype).
+    default_compute_precision: str | None = None
 
 
 TARGETS: tuple[Target, ...] = (
     Target("portable", "portable CPU", "compiler.backends.portable", "PortableBackend"),
-    Target("xnnpack", "XNNPACK", "compiler.backends.xnnpack", "XnnpackBackend", "XnnpackBackend"),
+    Target(
+        "xnnpack", "XNNPACK", "compiler.backends.xnnpack", "XnnpackBackend", "XnnpackBackend",
+        no_bfloat16="XNNPACK has no bfloat16 kernels",
+    ),
     Target(
         "coreml", "Core ML", "compiler.backends.coreml", "CoreMLBackend", "CoreMLBackend",
         "compiler.backends.coreml.reference:CoreMLDelegate",
         "an Apple device (macOS, iOS) whose ExecuTorch runtime is built with the Core ML delegate",
+        no_bfloat16="Core ML takes no bfloat16 (it computes a float32 program in its compute precision, "
+        "float16 by default)",
+        default_compute_precision="float16",
     ),
     Target(
         "mlx", "MLX", "compiler.backends.mlx", "MLXBackend", "MLXBackend",

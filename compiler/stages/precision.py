@@ -50,6 +50,7 @@ from compiler.ir.artifacts import AtenProgram
 from compiler.ir.errors import UserInputError
 from compiler.ir.graph import copy_program
 from compiler.ir.invariants import plain_tensor
+from compiler.ir.targets import BY_NAME
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.fold import written_in_place
 
@@ -58,13 +59,6 @@ logger = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 FLOATING = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-
-# Backends whose delegate has no bfloat16 kernels, and why: there `auto` computes a bfloat16
-# program in float32. (MLX and the portable kernels compute bfloat16 themselves.)
-NO_BFLOAT16_KERNELS = {
-    "xnnpack": "XNNPACK has no bfloat16 kernels",
-    "coreml": "Core ML takes no bfloat16 (it computes a float32 program in its compute precision, float16 by default)",
-}
 
 # Ops that reinterpret their input's bits: they must read it in the model's dtype.
 _BITCASTS = frozenset({aten.view.dtype})
@@ -89,7 +83,8 @@ def choose(mode: str, backend: Backend) -> Choice:
     if mode != "auto":
         dtype = getattr(torch, mode)
         return Choice(FLOATING - {dtype}, dtype, f"every floating tensor became {mode} (precision {mode})")
-    why = NO_BFLOAT16_KERNELS.get(backend.name)
+    target = BY_NAME.get(backend.name)
+    why = target.no_bfloat16 if target else None
     if why is None:
         return Choice(frozenset(), None, f"as the model computes: the {backend.name} backend computes bfloat16")
     return Choice(frozenset({torch.bfloat16}), torch.float32, f"bfloat16 became float32: {why}")
