@@ -10,14 +10,15 @@ program runs, so that it keeps no op off MLX.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch.export import ExportedProgram
 
 from compiler.backends.mlx.arguments import argument, ignored_argument
 from compiler.ir.dialect import op_name
-from compiler.ir.private_api import edge_ops
+from compiler.ir.graph import constant_placeholders, lift_constant
+from compiler.ir.private_api import aten_overload, edge_ops
 
 logger = logging.getLogger(__name__)
 
@@ -363,6 +364,117 @@ def assertions_dropped(program: ExportedProgram) -> int:
     return _finished(program, dropped, "tensors only assertions read dropped, with those assertions")
 
 
+DEQUANTIZE = "torchao.dequantize_affine.default"
+# Node meta key: why the weight a node reads is stored dequantized (float) for MLX.
+FLOAT_WEIGHT = "mlx_float_weight"
+# The group sizes stock 1.5.1 packs a quantized weight's rows in (`mlx_affine_group_size`).
+MLX_GROUP_SIZES = (16, 32, 64, 128)
+
+
+class QuantizedLayout(NamedTuple):
+    """What a torchao.dequantize_affine reads: values of `bits` bits in rows of `row`
+    elements, one scale per `group` of them along axis `axis`."""
+
+    bits: int
+    group: int
+    row: int
+    axis: int
+
+
+def quantized_layout(node: torch.fx.Node) -> QuantizedLayout:
+    qdata, block_size, _scale, _zero_point, _dtype, quant_min, quant_max = node.args[:7]
+    axis, group = next(((i, d) for i, d in enumerate(block_size) if d != 1), (len(block_size) - 1, 1))
+    return QuantizedLayout((quant_max - quant_min + 1).bit_length() - 1, group, _tensor(qdata).shape[axis], axis)
+
+
+def quantized_layout_mlx_refuses(node: torch.fx.Node) -> Optional[str]:
+    """Why MLX cannot hold the weight a torchao.dequantize_affine reads in its own packed format
+    (None when it can). Stock 1.5.1 (`parse_dequant_node`, `to_mlx_qparams`) packs int8 values
+    of 2, 4, 5, 6 or 8 bits into whole 32-bit words, one scale per group of 16, 32, 64 or 128
+    along one axis; a coarser group is split into such groups, so one of them must divide it."""
+    dtype, block_size = node.args[4], node.args[1]
+    if dtype != torch.int8:
+        return f"its values are {str(dtype).removeprefix('torch.')}, and MLX's format is made from int8 values"
+    if sum(d != 1 for d in block_size) != 1:
+        return f"it has blocks of {list(block_size)}, and MLX groups along one axis only"
+    layout = quantized_layout(node)
+    if layout.bits not in (2, 4, 5, 6, 8):
+        return f"it has {layout.bits}-bit values, and MLX packs 2, 4, 5, 6 or 8 bits"
+    if not any(layout.group % size == 0 for size in MLX_GROUP_SIZES):
+        return (
+            f"it has groups of {layout.group} elements, and MLX's groups are "
+            f"{', '.join(map(str, MLX_GROUP_SIZES))} elements: none of them divides {layout.group}"
+        )
+    if (layout.row * layout.bits) % 32:
+        return f"its rows of {layout.row} {layout.bits}-bit values do not fill whole 32-bit words"
+    return None
+
+
+def _constant_values(program: ExportedProgram) -> dict[torch.fx.Node, torch.Tensor]:
+    specs = constant_placeholders(program)
+    values = {}
+    for node in program.graph.nodes:
+        spec = specs.get(node.name) if node.op == "placeholder" else None
+        if spec is not None:
+            store = program.state_dict if spec.target in program.state_dict else program.constants
+            if isinstance(store.get(spec.target), torch.Tensor):
+                values[node] = store[spec.target]
+    return values
+
+
+def _drop_unread_constants(program: ExportedProgram, nodes: set[torch.fx.Node]) -> None:
+    """Remove those of `nodes` (constant placeholders) nothing reads any more, with their data."""
+    specs = constant_placeholders(program)
+    for node in nodes:
+        if node.users or node.name not in specs:
+            continue
+        spec = specs[node.name]
+        program.graph_signature.input_specs.remove(spec)
+        program.state_dict.pop(spec.target, None)
+        program.constants.pop(spec.target, None)
+        program.graph.erase_node(node)
+
+
+def quantized_weights_mlx_cannot_hold_dequantized(program: ExportedProgram) -> int:
+    """A weight quantized in a layout MLX cannot hold (`quantized_layout_mlx_refuses`: a row of
+    40 quantized per channel) left its torchao.dequantize_affine to the CPU, where the
+    ExecuTorch runtime has no kernel for it. Such a weight is dequantized here, once, into a
+    float constant (the values the eager quantized model computes with), so its readers run on
+    MLX in float; each reader's `FLOAT_WEIGHT` meta says why. Returns how many weights."""
+    from torch._guards import detect_fake_mode
+
+    graph = program.graph_module.graph
+    values = _constant_values(program)
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes])
+    made: dict[str, torch.fx.Node] = {}  # one float weight per dequantize call (a tied weight has two)
+    changed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or op_name(node.target) != DEQUANTIZE:
+            continue
+        why = quantized_layout_mlx_refuses(node)
+        read = node.all_input_nodes
+        if why is None or not all(source in values for source in read):
+            continue
+        call = repr((node.args, node.kwargs))
+        if call not in made:
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+            with torch.no_grad():
+                dequantized = aten_overload(node.target)(*args, **kwargs).contiguous()
+            made[call] = lift_constant(program, f"{node.args[0].name}_dequantized", dequantized, fake_mode)
+        weight = made[call]
+        layout = quantized_layout(node)
+        for user in node.users:
+            user.meta[FLOAT_WEIGHT] = (
+                f"its {layout.bits}-bit weight in groups of {layout.group} is stored dequantized, in float, "
+                f"because MLX cannot hold it quantized: {why}"
+            )
+        node.replace_all_uses_with(weight)
+        graph.erase_node(node)
+        _drop_unread_constants(program, set(read))
+        changed += 1
+    return _finished(program, changed, "quantized weights MLX cannot hold stored dequantized")
+
+
 # Every rewrite, in the order the backend runs them before its support check.
 REWRITES: tuple[Callable[[ExportedProgram], int], ...] = (
     assertions_dropped,
@@ -372,4 +484,5 @@ REWRITES: tuple[Callable[[ExportedProgram], int], ...] = (
     nearest_scales_torch_ignores_dropped,
     no_value_arguments_dropped,
     clamp_input_cast_to_result,
+    quantized_weights_mlx_cannot_hold_dequantized,
 )

@@ -14,7 +14,15 @@ from typing import Iterator, Optional
 import torch
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from compiler.backends.mlx.rewrites import copy_mismatch, torch_nearest_scales
+from compiler.backends.mlx.rewrites import (
+    DEQUANTIZE,
+    FLOAT_WEIGHT,
+    MLX_GROUP_SIZES,
+    copy_mismatch,
+    quantized_layout,
+    quantized_layout_mlx_refuses,
+    torch_nearest_scales,
+)
 from compiler.backends.mlx.arguments import ignored_argument, schema_of
 from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
@@ -344,3 +352,71 @@ def _dead_only_to_stock(node: torch.fx.Node) -> str | None:
         f"MLX has no handler for {op_name(node.target)} of its own, and its user {refused.name} runs "
         "on the CPU, so it does too"
     )
+
+
+def _fused_reader(program, node: torch.fx.Node) -> Optional[torch.fx.Node]:
+    """The one reader of a dequantize that stock 1.5.1's QUANTIZED_LINEAR or QUANTIZED_EMBEDDING
+    pattern lowers together with it (the weight stays packed), if any."""
+    from executorch.backends.mlx.patterns import QuantizedEmbeddingHandler, QuantizedLinearHandler
+
+    for user in node.users:
+        for pattern in (QuantizedLinearHandler, QuantizedEmbeddingHandler):
+            handler = pattern.maybe_create(program, user)
+            if handler is not None and node in handler.body and handler.supported(None, user):
+                return user
+    return None
+
+
+def _mlx_group_size(group: int) -> int:
+    """The group size stock 1.5.1 packs a weight's groups of `group` in: the largest it takes
+    that divides them (a row of 48 quantized per channel: 16)."""
+    return next(size for size in reversed(MLX_GROUP_SIZES) if group % size == 0)
+
+
+def _mlx_group(group: int) -> str:
+    size = _mlx_group_size(group)
+    return f"groups of {size}" if size == group else f"groups of {size} (its groups of {group} split in {group // size})"
+
+
+def _dequantized_whole(node: torch.fx.Node) -> str:
+    """Why stock 1.5.1 dequantizes this weight whole instead of fusing it with its reader."""
+    readers = list(node.users)
+    if len(readers) > 1:
+        return (
+            f"it has {len(readers)} readers (as a tied embedding and lm_head share one), and MLX's "
+            "quantized matmul and gather patterns take a weight read once"
+        )
+    group, reader = _mlx_group_size(quantized_layout(node).group), op_name(readers[0].target) if readers else None
+    if reader == "aten.linear.default" and group < 32:
+        return f"it is packed in groups of {group}, and MLX's quantized matmul takes groups of 32, 64 or 128"
+    return f"its reader {reader} has no quantized form in MLX"
+
+
+def quantized_weight_reasons(program) -> dict[str, str]:
+    """Node name -> how MLX computes it, for each torchao.dequantize_affine and each node reading
+    one or reading a weight `rewrites.quantized_weights_mlx_cannot_hold_dequantized` stored in
+    float. A dequantize MLX cannot lower stays out: it is on the CPU with stock's reason."""
+    reasons = {n.name: n.meta[FLOAT_WEIGHT] for n in program.graph.nodes if FLOAT_WEIGHT in n.meta}
+    for node in program.graph.nodes:
+        if node.op != "call_function" or op_name(node.target) != DEQUANTIZE or quantized_layout_mlx_refuses(node):
+            continue
+        layout = quantized_layout(node)
+        packed = f"{layout.bits}-bit, packed in {_mlx_group(layout.group)}"
+        reader = _fused_reader(program, node)
+        if reader is None:
+            reasons[node.name] = (
+                f"MLX dequantizes the weight ({packed}) whole, at every call (DequantizeNode), because "
+                f"{_dequantized_whole(node)}"
+            )
+            for user in node.users:
+                reasons[user.name] = f"computes in float on a weight ({packed}) MLX dequantizes whole ({DEQUANTIZE})"
+        elif op_name(reader.target) == "aten.linear.default":
+            reasons[reader.name] = f"MLX multiplies by the packed weight ({packed}) in one QuantizedMatmulNode"
+            reasons[node.name] = "lowered with the linear reading it into one QuantizedMatmulNode: the weight stays packed"
+        else:
+            reasons[reader.name] = (
+                f"MLX gathers the rows it reads of the packed table ({packed}) and dequantizes only those "
+                "(TakeNode, DequantizeNode)"
+            )
+            reasons[node.name] = "lowered with the embedding reading it into a gather: the table stays packed"
+    return reasons
