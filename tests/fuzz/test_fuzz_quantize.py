@@ -3,6 +3,7 @@ Embedding) layers, quantized by a random scheme the backend takes, compiled by o
 compared with the eager quantized model."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,8 +15,8 @@ from compiler.tools.fuzz import campaign, oracle
 from compiler.tools.fuzz.programs import Quantization, Reproducer, quantized_programs
 
 # Fixed campaigns (the seed replays them exactly): the default run takes a few programs per
-# backend, the slow job more of them.
-FIRST = {"xnnpack": (12, 4), "mlx": (12, 4)}
+# backend (xnnpack's: a PT2E dynamic, a PT2E static and a TorchAO scheme), the slow job more.
+FIRST = {"xnnpack": (11, 3), "mlx": (14, 3)}
 WHOLE = {"xnnpack": (0, 20), "mlx": (0, 20)}
 
 
@@ -83,6 +84,28 @@ def test_a_quantized_reproducer_replays_with_its_scheme_and_calibration(tmp_path
     assert [[t.tolist() for t in inputs] for inputs in replayed.calibration()] == [
         [t.tolist() for t in inputs] for inputs in program.calibration()
     ]
+
+
+@pytest.mark.parametrize(
+    ("got", "kind"),
+    [
+        (torch.ones(3), oracle.OK),
+        (torch.ones(3) + 0.01, oracle.TOLERANCE),  # off by less than quantizing moved it (0.1)
+        (torch.ones(3) + 1, oracle.WRONG),
+        (torch.ones(3, dtype=torch.float64), oracle.WRONG),
+        (torch.ones(1, 3), oracle.WRONG),
+    ],
+)
+def test_a_quantized_output_off_by_more_than_quantizing_moved_it_is_wrong(monkeypatch, got, kind):
+    """The eager quantized model returns ones; the float model 1.1 (quantizing moved it by 0.1)."""
+    error = (got.double() - 1).abs().max().item()
+    check = SimpleNamespace(passed=error == 0, tolerance=SimpleNamespace(absolute=1e-4, rule="given"),
+                            output_errors=((error, error),), max_abs_error=error)
+    monkeypatch.setattr(oracle, "_run", lambda artifact, program, inputs: [[got]])
+    monkeypatch.setattr(oracle, "compare_with_eager", lambda artifact, module, inputs: check)
+    program = SimpleNamespace(names=("v1",), calls=1)
+    outcome = oracle._judge_quantized(program, (torch.ones(3),), lambda: None, torch.nn.Identity(), [[torch.ones(3) + 0.1]])
+    assert outcome.kind == kind, outcome.detail
 
 
 def test_every_recipe_the_schemes_name_is_one_executorch_builds():
