@@ -24,6 +24,9 @@ from compiler.ir.graph import DELEGATION_TAG, op_nodes
 from compiler.ir.targets import BY_DELEGATE_ID
 
 CPU = "cpu"
+# The node meta key under which a backend says what it makes of a node it took (a quantized
+# GEMM, a quantize it folds in); without it a delegated node's reason is that the partitioner took it.
+DELEGATED_REASON = "delegated_reason"
 
 # Op namespaces whose CPU kernels are ExecuTorch's portable kernels.
 _PORTABLE_NAMESPACES = ("aten", "dim_order_ops")
@@ -66,7 +69,7 @@ class NodePlacement:
     node: str
     op: str
     tag: str | None
-    reason: str | None = None  # set for nodes left on the CPU
+    reason: str | None = None  # set for nodes left on the CPU, and delegated ones a backend says more of
     dtype: str | None = None  # what the node computes in as the program says (`computed_dtype`)
 
     @property
@@ -136,7 +139,7 @@ class PlacementPlan:
         placements = []
         for node in op_nodes(ep):
             tag = node.meta.get(DELEGATION_TAG)
-            reason = None if tag else cpu_reasons[node.name]
+            reason = node.meta.get(DELEGATED_REASON) if tag else cpu_reasons[node.name]
             placements.append(NodePlacement(node.name, op_name(node.target), tag, reason, computed_dtype(node)))
         placed = {p.node for p in placements}
         other_tags = {
@@ -184,7 +187,7 @@ class PlacementPlan:
             rows.append(
                 PlacedNode(
                     p.node, p.op, f"{name} delegate {numbers[p.tag]}", backend_id, p.tag,
-                    f"the {name} partitioner took it", self.precision(p),
+                    p.reason or f"the {name} partitioner took it", self.precision(p),
                 )
             )
         return tuple(rows)

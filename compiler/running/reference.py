@@ -41,7 +41,7 @@ from compiler.ir.private_api import deserialize_pte
 
 METHOD = "forward"
 
-_TORCH_DTYPES = {
+TORCH_DTYPES = {
     schema.ScalarType.BYTE: torch.uint8,
     schema.ScalarType.CHAR: torch.int8,
     schema.ScalarType.SHORT: torch.int16,
@@ -61,7 +61,7 @@ class ReferenceExecutionError(CompileError):
 
 def _torch_dtype(scalar_type) -> torch.dtype:
     try:
-        return _TORCH_DTYPES[scalar_type]
+        return TORCH_DTYPES[scalar_type]
     except KeyError:
         raise ReferenceExecutionError(f"the program uses scalar type {scalar_type!r}, unknown here") from None
 

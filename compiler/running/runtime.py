@@ -15,6 +15,7 @@ from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
 from compiler.ir.private_api import deserialize_pte
+from compiler.running.activation_steps import activation_steps, quantizes_activations
 from compiler.running.tolerance import Tolerance
 
 
@@ -43,6 +44,27 @@ def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
     return program.pte, set(program.delegates)
 
 
+# Kernels that convert a dtype: they compute nothing in either.
+_CONVERSIONS = ("aten::_to_copy", "dim_order_ops::_to_dim_order_copy")
+
+
+def _computed_dtype(pte: bytes) -> torch.dtype | None:
+    from executorch.exir import schema
+
+    from compiler.running.reference import TORCH_DTYPES
+
+    dtypes = []
+    for plan in deserialize_pte(pte).program.execution_plan:
+        for instruction in (i for chain in plan.chains for i in chain.instructions):
+            call = instruction.instr_args
+            if isinstance(call, schema.KernelCall) and plan.operators[call.op_index].name in _CONVERSIONS:
+                continue
+            if isinstance(call, (schema.KernelCall, schema.DelegateCall)):
+                values = (plan.values[index].val for index in call.args)
+                dtypes += [TORCH_DTYPES.get(v.scalar_type) for v in values if isinstance(v, schema.Tensor)]
+    return _least_precise(dtypes)
+
+
 class LoadedProgram:
     """A program loaded once and run as often as wanted; its mutable state carries
     from one run to the next, as on a device.
@@ -62,6 +84,9 @@ class LoadedProgram:
         from executorch.runtime import Runtime
 
         pte, delegates = _pte_and_delegates(program)
+        # The least precise floating dtype the program's kernels and delegates take or make, dtype
+        # conversions aside (a bfloat16 model computed in float32 converts at its edges).
+        self.computes_in = _computed_dtype(pte)
         runtime = Runtime.get()
         missing = sorted(d for d in delegates if not runtime.backend_registry.is_available(d))
         unrunnable = [d for d in missing if backends.delegate_runner(d) is None]
@@ -111,6 +136,12 @@ class CheckResult:
     integers_exact: bool = True
     # Per output, in order: its largest absolute and relative error.
     output_errors: tuple[tuple[float, float], ...] = ()
+    # What the program was compared with, and its largest error against the model as given
+    # where that is not the reference: the float model of a quantized program (the error
+    # quantization makes), the narrower model of a program computing wider (the precision's).
+    reference: str = "the eager model"
+    quantization_error: float | None = None
+    precision_error: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -123,16 +154,26 @@ class CheckResult:
             f"; integer outputs differ by up to {self.integer_error:.3g} (they must match exactly)"
             if self.integers_exact and self.integer_error else ""
         )
+        against = "" if self.reference == "the eager model" else f" against {self.reference}"
+        besides = "".join(
+            f"; {what} error ({against_what}) {error:.3g}"
+            for what, against_what, error in (
+                ("quantization", "against the float model", self.quantization_error),
+                ("precision", "against the model as given", self.precision_error),
+            )
+            if error is not None
+        )
         return (
-            f"check: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
+            f"check{against}: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
             f"max rel error {self.max_rel_error:.3g} -> {'OK' if self.passed else 'MISMATCH'} "
-            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers})"
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}){besides}"
         )
 
     def to_json(self) -> dict:
         """The check as JSON types, for the JSON report."""
         return {
             "passed": self.passed,
+            "reference": self.reference,
             "outputs": self.outputs,
             "max_abs_error": self.max_abs_error,
             "max_rel_error": self.max_rel_error,
@@ -143,20 +184,106 @@ class CheckResult:
             "integer_error": self.integer_error,
             "integers_exact": self.integers_exact,
             "per_output": [{"max_abs_error": a, "max_rel_error": r} for a, r in self.output_errors],
+            "quantization_error": self.quantization_error,
+            "precision_error": self.precision_error,
         }
+
+
+def _tensors(outputs: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+
+
+def _least_precise(dtypes: Any) -> torch.dtype | None:
+    """The floating dtype with the fewest significand bits among `dtypes` (None for none)."""
+    floating = [d for d in dtypes if d is not None and d.is_floating_point]
+    return max(floating, key=lambda d: torch.finfo(d).eps, default=None)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _model_dtype(module: Any, inputs: Sequence[Any]) -> torch.dtype:
+    """The floating dtype an eager model computes in: its weights' least precise, else its inputs'."""
+    held = [*module.parameters(), *module.buffers()] if isinstance(module, torch.nn.Module) else []
+    return _least_precise(t.dtype for t in held) or _least_precise(t.dtype for t in _tensors(inputs)) or torch.float32
+
+
+def _cast(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
+    """A copy of the model and the inputs with every floating tensor in `dtype`."""
+    import copy
+
+    cast = pytree.tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, tuple(inputs))
+    return copy.deepcopy(module).to(dtype), cast
+
+
+def _quantized_model(program: Any) -> torch.nn.Module | None:
+    """The eager quantized model of a CompileResult whose quantize stage quantized (else None)."""
+    quantized = (getattr(program, "stages", None) or {}).get("quantize")
+    return quantized.module if quantized is not None and quantized.float_module is not None else None
+
+
+def _max_error(actual: Sequence[Any], expected: Sequence[torch.Tensor]) -> float:
+    pairs = [(got, want) for got, want in zip(actual, expected, strict=True) if want.numel()]
+    return max(((got.double() - want.double()).abs().max().item() for got, want in pairs), default=0.0)
+
+
+def _eager(module: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return _tensors(module(*inputs))
+
+
+class _State:
+    """The buffers of the models a check runs (a TorchAO quantized model shares the float
+    model's): each run after the first starts where the first did, and the check leaves them
+    as one run does, so a model that updates state in place (a cache) is compared as before."""
+
+    def __init__(self, *modules: Any) -> None:
+        held = {id(b): b for m in modules if isinstance(m, torch.nn.Module) for b in m.buffers()}
+        self.buffers = list(held.values())
+        self.before = [b.clone() for b in self.buffers]
+        self.after: list[torch.Tensor] = []
+
+    def first_run_done(self) -> None:
+        self.after = [b.clone() for b in self.buffers]
+
+    def _load(self, values: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for buffer, value in zip(self.buffers, values, strict=True):
+                buffer.copy_(value)
+
+    def rewind(self) -> None:
+        self._load(self.before)
+
+    def leave(self) -> None:
+        self._load(self.after)
 
 
 def compare_with_eager(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
 ) -> CheckResult:
-    """Run the program (a CompileResult, `.pte` bytes or path) and the eager module on the same
-    inputs; report the largest errors against `tolerance` (absolute, for every output), or
-    by default against one that fits the precision the program computes in
-    (`Tolerance.for_precision`) for floating-point outputs, and exact integer outputs."""
-    with torch.no_grad():
-        expected = [x for x in pytree.tree_leaves(module(*inputs)) if isinstance(x, torch.Tensor)]
+    """Run the program (a CompileResult, `.pte` bytes or path) and eager PyTorch on the same
+    inputs; report the largest errors against `tolerance` (absolute, for every output), or by
+    default against one that fits what the program computes (`_default_tolerance`, plus what
+    a step of each quantized activation does: `activation_steps`) for floating-point outputs,
+    and exact integer outputs.
+
+    The reference is what the program computes: for a CompileResult that quantized, the eager
+    quantized model (the quantize stage's), the error against `module` reported as the
+    quantization error; for a program computing in a more precise floating dtype than the
+    model (a bfloat16 model the precision stage computes in float32), the model and inputs
+    cast to it, the error against the model as given reported as the precision error."""
     loaded = LoadedProgram(program)
     actual = loaded(inputs)
+    quantized = _quantized_model(program)
+    model = quantized if quantized is not None else module
+    model_dtype = _model_dtype(model, inputs)
+    program_dtype = loaded.computes_in
+    wider = program_dtype if program_dtype and torch.finfo(program_dtype).eps < torch.finfo(model_dtype).eps else None
+    reference, reference_inputs = (model, tuple(inputs)) if wider is None else _cast(model, inputs, wider)
+    state = _State(reference, module, model)
+    expected = _eager(reference, reference_inputs)
+    state.first_run_done()
     if len(actual) != len(expected):
         raise UserInputError(
             f"the program returned {len(actual)} outputs, eager returned {len(expected)}",
@@ -181,8 +308,33 @@ def compare_with_eager(
         per_output.append((output_abs, output_rel))
     chosen = (
         Tolerance.given(tolerance) if tolerance is not None
-        else Tolerance.for_precision(loaded.computes_in_float16, largest)
+        else _default_tolerance(loaded, wider or model_dtype, actual, largest)
     )
+    if tolerance is None and quantizes_activations(reference):
+        steps = activation_steps(reference, reference_inputs, expected, state.rewind)
+        chosen = chosen.with_activation_steps(steps.deviation, steps.quantizers, (steps.smallest, steps.largest), steps.draws)
+    besides = {}
+    if quantized is not None and quantized is not module:
+        state.rewind()
+        besides["quantization_error"] = _max_error(actual, _eager(module, inputs))
+    if wider is not None:
+        state.rewind()
+        besides["precision_error"] = _max_error(actual, _eager(model, inputs))
+    state.leave()
+    label = "the eager quantized model" if quantized is not None else "the eager model"
     return CheckResult(
-        max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None, tuple(per_output)
+        max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None, tuple(per_output),
+        reference=label if wider is None else f"{label} in {_dtype_name(wider)}", **besides,
     )
+
+
+def _default_tolerance(loaded: LoadedProgram, model_dtype: torch.dtype, actual: Sequence[Any], largest: float) -> Tolerance:
+    """The precision's tolerance (the least precise of the model's dtype, the program's and a
+    delegate's compute precision), plus the rounding of outputs returned in a narrow dtype."""
+    delegate = torch.float16 if loaded.computes_in_float16 else None
+    compute = _least_precise([model_dtype, loaded.computes_in, delegate])
+    chosen = Tolerance.for_precision(_dtype_name(compute), largest, by_delegate=compute == delegate)
+    returned = _least_precise(t.dtype for t in actual if isinstance(t, torch.Tensor))
+    if returned is not None:
+        chosen = chosen.with_output_rounding(_dtype_name(returned), largest)
+    return chosen

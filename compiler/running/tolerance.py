@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
-# The error `--check` accepts by default. A float32 program is held to an absolute error;
-# a program that computes in float16 (Core ML's default compute precision) to a share of
-# its largest expected output, as float16 keeps about three decimal digits of any value:
-# 1e-2 is ten times float16's resolution (2**-10), room for the rounding of a deep stack.
+# The error `--check` accepts by default, by the precision the program computes in. A float32
+# program is held to an absolute error; one computing in float16 (Core ML's default compute
+# precision) or bfloat16 to a share of its largest expected output, as those keep about three
+# and two decimal digits of any value: 1e-2 is ten times float16's resolution (2**-10), room
+# for the rounding of a deep stack; 4e-2 five times bfloat16's (2**-7), as a bfloat16 program
+# on the portable kernels rounds more intermediate results than eager torch does (an MLP's
+# outputs 1.2% of the largest apart).
 FLOAT32_ABSOLUTE = 1e-4
 FLOAT16_OF_LARGEST = 1e-2
+BFLOAT16_OF_LARGEST = 4e-2
+
+# The explicit significand bits of the narrow floating dtypes: a value rounded to one is off by
+# up to half a unit in the last place.
+SIGNIFICAND_BITS = {"float16": 10, "bfloat16": 7}
+
+
+def half_ulp(dtype: str, value: float) -> float:
+    """Half a unit in the last place of `dtype` at `value`: the error of rounding to it (0 for a
+    dtype not narrower than float32)."""
+    bits = SIGNIFICAND_BITS.get(dtype)
+    if bits is None or not value:
+        return 0.0
+    return math.ldexp(1.0, math.frexp(abs(value))[1] - 2 - bits)
 
 
 @attrs.frozen
@@ -24,12 +43,34 @@ class Tolerance:
         return cls(absolute, "absolute, as given")
 
     @classmethod
-    def for_precision(cls, float16: bool, largest_expected: float) -> "Tolerance":
-        if not float16:
+    def for_precision(cls, compute: str, largest_expected: float, by_delegate: bool = False) -> "Tolerance":
+        """For a program computing in `compute` ("float32", "float16" or "bfloat16"); a float16
+        precision `by_delegate` is a delegate's own compute precision."""
+        if compute not in SIGNIFICAND_BITS:
             return cls(FLOAT32_ABSOLUTE, "absolute, for a program computing in float32")
+        share = FLOAT16_OF_LARGEST if compute == "float16" else BFLOAT16_OF_LARGEST
         scale = largest_expected or 1.0
         return cls(
-            FLOAT16_OF_LARGEST * scale,
-            f"relative: {FLOAT16_OF_LARGEST:g} x the largest |eager output| {scale:.3g}, "
-            "for a delegate computing in float16",
+            share * scale,
+            f"relative: {share:g} x the largest |eager output| {scale:.3g}, "
+            f"for a {'delegate' if by_delegate else 'program'} computing in {compute}",
+        )
+
+    def with_output_rounding(self, dtype: str, largest_expected: float) -> "Tolerance":
+        """Plus the rounding of outputs returned in a narrow dtype, at the largest value."""
+        rounding = half_ulp(dtype, largest_expected)
+        if not rounding:
+            return self
+        return Tolerance(
+            self.absolute + rounding, f"{self.rule}; + {rounding:.3g}, half a {dtype} ulp at the largest output"
+        )
+
+    def with_activation_steps(self, deviation: float, quantizers: int, steps: tuple[float, float], draws: int) -> "Tolerance":
+        """Plus what rounding each quantized activation one step otherwise does to the outputs, as
+        another implementation of the same quantizers may (XNNPACK's own dynamic scales and rounding)."""
+        return Tolerance(
+            self.absolute + deviation,
+            f"{self.rule}; + {deviation:.3g}, the largest change of the eager quantized model's outputs "
+            f"with each of its {quantizers} activation quantizers' results moved one step (steps "
+            f"{steps[0]:.3g} to {steps[1]:.3g}; random signs, {draws} draws)",
         )

@@ -14,7 +14,9 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import fo
 from executorch.exir.backend.utils import WhyNoPartition
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.xnnpack import rules
+from compiler.backends.xnnpack import quantized, rules
+from compiler.ir.graph import DELEGATION_TAG
+from compiler.ir.placement import DELEGATED_REASON
 
 _XNNPACK_LOGGER = "executorch.backends.xnnpack"
 
@@ -70,6 +72,7 @@ class XnnpackBackend(Backend):
         return None  # the keep-whole filter is the very check XNNPACK's partitioner takes nodes by
 
     def partition(self, program: ExportedProgram) -> BackendPartition:
+        rules.refuse_eight_bit_groups(program)  # stock's lowering would assert
         dequantized_here = rules.dequantize_with_plain_ops(program)  # stock would drop their scales
         rules.tanh_gelu_as_plain_ops(program)  # stock would compute the exact GELU
         rules.hardtanh_bounds_spelled_out(program)  # stock would fail on hardtanh(x, min_val)
@@ -77,6 +80,10 @@ class XnnpackBackend(Backend):
         with _collect_refusals() as collector:
             result = self.partitioner.partition(program)
         copies = rules.copies_leaving_the_delegate(program)
+        delegated = quantized.delegated_reasons(program)
+        for node in program.graph.nodes:
+            if node.name in delegated and node.meta.get(DELEGATION_TAG):
+                node.meta[DELEGATED_REASON] = delegated[node.name]
         reasons = {**collector.reasons, **refused, **dequantized_here, **copies}
         return BackendPartition(dict(result.partition_tags), reasons)
 

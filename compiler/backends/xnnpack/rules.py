@@ -49,7 +49,11 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
-from executorch.backends.xnnpack.utils.quant_utils import is_dynamic_qdq
+from executorch.backends.xnnpack.utils.quant_utils import (
+    extract_qdq_affine_op_args_for_decomposed_ops,
+    is_dynamic_qdq,
+    is_per_channel_group,
+)
 
 from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
@@ -233,6 +237,30 @@ def _undecomposable_error(nodes: list[str]) -> CompileError:
         hint="quantize with torchao's Int8DynamicActivationIntxWeightConfig (XNNPACK runs it), "
         "or give the quantized weight static shapes its block size divides",
     )
+
+
+def _eight_bit_groups(node: torch.fx.Node) -> bool:
+    """A dynamically quantized GEMM's weight with per-group scales (fewer columns than a row has;
+    a group of a whole row is a scale per channel) and more than 4 bits."""
+    if not (_is_dequantize_affine(node) and node.users and is_per_channel_group(node)):
+        return False
+    grouped = node.args[1][-1] < node.args[0].meta["val"].shape[-1]
+    quant_max = extract_qdq_affine_op_args_for_decomposed_ops(node)[4]
+    return grouped and quant_max > 7 and all(_dynamic_gemm_weight(node, user) for user in node.users)
+
+
+def refuse_eight_bit_groups(program: ExportedProgram) -> None:
+    """XNNPACK's group-quantized GEMM (qb4w) takes 4-bit weights only: stock's lowering fails on
+    8-bit weights with per-group scales with an assertion, and the CPU has no kernel for their
+    dequantize_affine; a `CompileError` says so before the partition search."""
+    stuck = [node.name for node in program.graph.nodes if _eight_bit_groups(node)]
+    if stuck:
+        raise CompileError(
+            "XNNPACK lowers per-group weight scales only for 4-bit weights (its qb4w GEMM); these "
+            f"{DEQUANTIZE_AFFINE} nodes give 8-bit weights per-group scales, and the CPU has no kernel for them",
+            nodes=stuck,
+            hint="quantize 8-bit weights per_channel (8da8w per_channel), or 4-bit weights per group (8da4w)",
+        )
 
 
 def dequantize_with_plain_ops(program: ExportedProgram) -> dict[str, str]:

@@ -1,0 +1,84 @@
+"""`--check` by the precision a program computes in: bfloat16 and float32 programs, a program
+computing in a wider dtype than its model, and outputs rounded to a narrow dtype."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import compiler
+from compiler.models.examples import mlp
+from compiler.running.tolerance import BFLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE, half_ulp
+
+
+def _bfloat16_mlp():
+    model, (x,) = mlp()
+    return model.to(torch.bfloat16), (x.to(torch.bfloat16),)
+
+
+class InFloat32(torch.nn.Module):
+    """What the precision stage makes of a bfloat16 model: float32 inside, bfloat16 at the edges."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(model).float()
+
+    def forward(self, x):
+        return self.model(x.float()).bfloat16()
+
+
+def _largest(model, inputs) -> float:
+    with torch.no_grad():
+        return model(*inputs).abs().max().item()
+
+
+def test_a_bfloat16_program_is_held_to_bfloat16s_tolerance():
+    """On the portable kernels, which compute bfloat16 themselves."""
+    model, inputs = _bfloat16_mlp()
+    check = compiler.compare_with_eager(compiler.compile(model, inputs, "portable", cache=False), model, inputs)
+    largest = check.largest_expected
+    assert check.passed, check.describe()
+    assert check.tolerance.absolute == pytest.approx(BFLOAT16_OF_LARGEST * largest + half_ulp("bfloat16", largest))
+    assert "computing in bfloat16" in check.tolerance.rule and "half a bfloat16 ulp" in check.tolerance.rule
+    assert check.max_abs_error > FLOAT32_ABSOLUTE  # float32's tolerance would fail it
+
+
+def test_a_bfloat16_program_with_a_wrong_bias_fails():
+    model, inputs = _bfloat16_mlp()
+    wrong = copy.deepcopy(model)
+    with torch.no_grad():
+        wrong.layers[-1].bias.zero_()
+    check = compiler.compare_with_eager(compiler.compile(wrong, inputs, "portable", cache=False), model, inputs)
+    assert not check.passed, check.describe()
+
+
+def test_a_program_computing_wider_than_its_model_is_compared_with_the_model_run_wider():
+    model, inputs = _bfloat16_mlp()
+    program = compiler.compile(InFloat32(model), inputs, "xnnpack", cache=False)
+    check = compiler.compare_with_eager(program, model, inputs)
+    assert check.passed, check.describe()
+    assert check.reference == "the eager model in float32"
+    wide = copy.deepcopy(model).float()
+    largest = _largest(wide, (inputs[0].float(),))
+    assert check.tolerance.absolute == pytest.approx(FLOAT32_ABSOLUTE + half_ulp("bfloat16", largest))
+    assert "float32" in check.tolerance.rule and "half a bfloat16 ulp" in check.tolerance.rule
+    with torch.no_grad():
+        as_given = (program.run(*inputs)[0].float() - model(*inputs).float()).abs().max().item()
+    assert check.precision_error == pytest.approx(as_given) and check.precision_error > 0
+    assert "precision error" in check.describe() and check.to_json()["precision_error"] == check.precision_error
+
+
+def test_a_program_computing_wider_with_a_wrong_bias_fails():
+    model, inputs = _bfloat16_mlp()
+    wrong = InFloat32(model)
+    with torch.no_grad():
+        wrong.model.layers[-1].bias.add_(0.01)
+    check = compiler.compare_with_eager(compiler.compile(wrong, inputs, "xnnpack", cache=False), model, inputs)
+    assert not check.passed, check.describe()
+
+
+def test_half_an_ulp_of_the_output_dtype_at_the_largest_value():
+    assert half_ulp("bfloat16", 1.0) == 2**-8 and half_ulp("bfloat16", 0.3) == 2**-10
+    assert half_ulp("float16", 1.0) == 2**-11 and half_ulp("float32", 1.0) == 0.0

@@ -1,0 +1,111 @@
+"""`--check` of a quantized program: compared with the eager quantized model at a tolerance
+derived from its activation quantizers' steps, the error against the float model reported as
+the quantization error; a wrong program still fails."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import compiler
+from compiler.models.examples import mlp
+from compiler.running.tolerance import FLOAT32_ABSOLUTE
+
+# (scheme, granularity) on XNNPACK: each PT2E and TorchAO flow, each granularity it takes.
+SCHEMES = [
+    ("int8_dynamic", None),
+    ("int8_static", "per_channel"),
+    ("int8_static", "per_tensor"),
+    ("8da4w", "per_group"),
+    ("8da4w", "per_channel"),
+    ("8da8w", "per_channel"),
+]
+
+
+def _compiled(scheme, granularity, model=None, inputs=None):
+    model, inputs = (model, inputs) if model is not None else mlp()
+    options = {"quantize_granularity": granularity} if granularity else {}
+    result = compiler.compile(model, inputs, "xnnpack", quantize=scheme, calibration=[inputs], cache=False, **options)
+    return model, inputs, result
+
+
+def _weights_and_scales(quantized: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.fx.Node | None]:
+    """The last Linear's integer weights and its scales (None for a per-tensor scale held
+    in the graph: its dequantize node is returned instead)."""
+    if isinstance(quantized, torch.fx.GraphModule):
+        dequantize = [n for n in quantized.graph.nodes if "dequantize" in str(n.target) and n.args[0].op == "get_attr"][-1]
+        weights = getattr(quantized, dequantize.args[0].target)
+        if isinstance(dequantize.args[1], float):
+            return weights, None, dequantize
+        return weights, getattr(quantized, dequantize.args[1].target), None
+    weight = quantized.layers[-1].weight
+    return weight.qdata, weight.scale, None
+
+
+def _wrong_program(quantized: torch.nn.Module, inputs, fault: str) -> bytes:
+    """The quantized model with one fault in its last Linear, compiled for XNNPACK."""
+    wrong = copy.deepcopy(quantized)
+    weights, scales, dequantize = _weights_and_scales(wrong)
+    if fault == "scale doubled":
+        if dequantize is not None:
+            dequantize.args = (dequantize.args[0], 2 * dequantize.args[1], *dequantize.args[2:])
+            wrong.recompile()
+        else:
+            scales.mul_(2)
+    else:  # one step off: every weight of the layer one integer step up
+        top = 7 if weights.max() <= 7 and weights.min() >= -8 else 127
+        weights.copy_((weights.to(torch.int32) + 1).clamp(max=top).to(weights.dtype))
+    return compiler.compile(wrong, inputs, "xnnpack", cache=False).pte
+
+
+@pytest.mark.parametrize("scheme, granularity", SCHEMES)
+def test_a_quantized_program_is_checked_against_the_eager_quantized_model(scheme, granularity):
+    model, inputs, result = _compiled(scheme, granularity)
+    quantized = result.stages["quantize"].module
+    check = compiler.compare_with_eager(result, model, inputs)
+    assert check.passed, check.describe()
+    assert check.reference == "the eager quantized model"
+    with torch.no_grad():
+        program, float_out = result.run(*inputs)[0], model(*inputs)
+    assert check.quantization_error == pytest.approx((program - float_out).abs().max().item(), rel=1e-6)
+    assert check.quantization_error > FLOAT32_ABSOLUTE  # against the float model, float32's tolerance fails
+    assert "one step" in check.tolerance.rule and check.tolerance.absolute > FLOAT32_ABSOLUTE
+    assert "quantization error" in check.describe()
+    assert check.to_json()["quantization_error"] == check.quantization_error
+    # Given the quantized model itself, the same tolerance, and no float model to report.
+    same = compiler.compare_with_eager(result.pte, quantized, inputs)
+    assert same.tolerance == check.tolerance and same.quantization_error is None
+
+    wrong = compiler.compare_with_eager(_wrong_program(quantized, inputs, "scale doubled"), quantized, inputs)
+    assert not wrong.passed, wrong.describe()
+
+
+@pytest.mark.parametrize("granularity", ["per_group", "per_channel"])
+def test_int4_weights_one_step_off_fail(granularity):
+    model, inputs, result = _compiled("8da4w", granularity)
+    quantized = result.stages["quantize"].module
+    wrong = compiler.compare_with_eager(_wrong_program(quantized, inputs, "one step off"), quantized, inputs)
+    assert not wrong.passed, wrong.describe()
+    assert wrong.max_abs_error > 5 * wrong.tolerance.absolute
+
+
+def test_a_weight_only_quantized_model_keeps_the_precision_tolerance():
+    """No activation is quantized: the program computes in float32 with the dequantized weights."""
+    from torchao.quantization.granularity import PerGroup
+    from torchao.quantization.quant_api import IntxWeightOnlyConfig, quantize_
+
+    model, inputs = mlp()
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)))
+    check = compiler.compare_with_eager(compiler.compile(model, inputs, "xnnpack", cache=False), model, inputs)
+    assert check.passed and check.tolerance.absolute == FLOAT32_ABSOLUTE
+    assert check.quantization_error is None and check.reference == "the eager model"
+
+
+def test_the_cli_check_prints_the_quantization_error(capsys):
+    from compiler.cli.main import main
+
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--quantize", "int8_dynamic", "--check", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "-> OK" in out and "quantization error" in out and "the eager quantized model" in out
