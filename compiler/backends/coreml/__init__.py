@@ -8,6 +8,8 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 "float32"), each written into the compile specs, so the CLI can set them.
 
 - `rules.py`: every reason an op stays on the CPU, one predicate each;
+- `quantized.py`: the deployment target a quantized program's ops need; given none, the
+  backend sets it (as ExecuTorch's Core ML recipes do), given a lower one, refuses;
 - `rank.py`: shape-only chains through rank > 5 rewritten at rank <= 5 before the search;
 - `search.py`: the partition search that asks them;
 - `conversion.py`: fixes to coremltools' conversion, installed by `lowering()`;
@@ -18,9 +20,11 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any, Iterable, Optional
 
+import attrs
 import coremltools as ct
 import torch
 from torch.export import ExportedProgram
@@ -33,7 +37,7 @@ from executorch.exir.backend.partitioner import DelegationSpec
 
 from compiler.reporting import progress
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.coreml import conversion, payload, rank, rules, search
+from compiler.backends.coreml import conversion, payload, quantized, rank, rules, search
 from compiler.process.collector import collect
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
@@ -168,6 +172,28 @@ class CoreMLBackend(Backend):
         )
         self.delegation_spec = DelegationSpec(BACKEND_ID, specs)
 
+    def _for_program(self, program: ExportedProgram) -> tuple[rules.RuleContext, DelegationSpec]:
+        """The rule context and delegation spec for `program`: with the deployment target its
+        quantized ops need (`quantized.py`) when none was given, as ExecuTorch's Core ML recipes
+        set it; a target given below that is a `UserInputError`, as in the recipes."""
+        need = quantized.program_need(program)
+        given = self.rule_context.minimum_deployment_target
+        if need is None or (given is not None and given >= need.target):
+            return self.rule_context, self.delegation_spec
+        if given is not None:
+            raise UserInputError(
+                f"minimum_deployment_target={given.name} is below {need.target.name}, which the quantized "
+                f"op {need.node} ({need.op}) needs: {need.why}",
+                nodes=[need.node],
+                hint=f"set minimum_deployment_target={need.target.name} or later, or leave it unset "
+                f"(the Core ML backend then sets {need.target.name})",
+                suggest={"minimum_deployment_target": need.target.name},
+            )
+        logger.info("coreml: minimum_deployment_target %s, for %s (%s)", need.target.name, need.node, need.op)
+        specs = _with_spec_option(self.compile_specs, "minimum_deployment_target", need.target)
+        context = attrs.evolve(self.rule_context, minimum_deployment_target=need.target)
+        return context, DelegationSpec(BACKEND_ID, specs)
+
     # --- what to keep whole -----------------------------------------------------------
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
@@ -178,11 +204,13 @@ class CoreMLBackend(Backend):
             take_over_constant_data=self.take_over_constant_data,
         )
         ops, _ = stock.ops_to_not_decompose(program)
-        return KeepWhole(frozenset(ops), self._may_keep_whole)
+        context, _ = self._for_program(program)
+        return KeepWhole(frozenset(ops), functools.partial(self._may_keep_whole, context))
 
-    def _may_keep_whole(self, node: torch.fx.Node) -> bool:
+    @staticmethod
+    def _may_keep_whole(context: rules.RuleContext, node: torch.fx.Node) -> bool:
         """Keep whole only nodes no rule sends to the CPU (a kept-whole op on the CPU may have no kernel)."""
-        if rules.refusal(node, self.rule_context):
+        if rules.refusal(node, context):
             return False
         touched = rules.tensor_dtypes(node).union(*(rules.tensor_dtypes(a) for a in node.all_input_nodes))
         return not touched & rules.REFUSED_DTYPES
@@ -194,7 +222,8 @@ class CoreMLBackend(Backend):
         have no input; without them, every node the keep-whole filter accepts is taken."""
         if self.skip_ops_for_coreml_delegation:
             return "you gave skip_ops_for_coreml_delegation"
-        refused = rules.REFUSED_DTYPES | (set() if self.rule_context.ios16 else {torch.float16})
+        context, _ = self._for_program(program)
+        refused = rules.REFUSED_DTYPES | (set() if context.ios16 else {torch.float16})
         for node in program.graph.nodes:
             sizes = rules.size_expressions(node)
             if sizes:
@@ -204,7 +233,7 @@ class CoreMLBackend(Backend):
                     return f"{node.name} is {value.dtype}, which Core ML refuses (before iOS 16 for float16)"
                 if value.dim() > rules.CORE_ML_MAX_RANK:
                     return f"{node.name} has rank {value.dim()}, above Core ML's {rules.CORE_ML_MAX_RANK}"
-        if not self.rule_context.ios18:
+        if not context.ios18:
             user_inputs = set(program.graph_signature.user_inputs)  # a property that rebuilds its tuple
             fed = {n for n in program.graph.nodes if n.name in user_inputs}
             for node in program.graph.nodes:
@@ -221,18 +250,17 @@ class CoreMLBackend(Backend):
         # The program is the partition stage's own copy: chains through rank > 5 that can be
         # written at rank <= 5 are, so Core ML takes them (the rank rule refuses the rest).
         rank.reduce_rank(program)
-        result = search.search(
-            program, self.rule_context, self.take_over_constant_data, self.take_over_mutable_buffer
-        )
+        context, delegation_spec = self._for_program(program)
+        result = search.search(program, context, self.take_over_constant_data, self.take_over_mutable_buffer)
         if self.lower_full_graph:
             self._refuse_any_cpu_op(program, result)
         tags = search.tag(result)
         if self.take_over_constant_data:
             search.tag_constants(program)
         if self.take_over_mutable_buffer:
-            self._tag_state(program)
+            self._tag_state(program, context)
         reasons = {node.name: reason for node, reason in result.refused.items()}
-        return BackendPartition({t: self.delegation_spec for t in tags}, reasons)
+        return BackendPartition({t: delegation_spec for t in tags}, reasons)
 
     def _refuse_any_cpu_op(self, program: ExportedProgram, result: search.SearchResult) -> None:
         inside = {n for p in result.partitions for n in p.nodes}
@@ -254,7 +282,7 @@ class CoreMLBackend(Backend):
             suggest={"lower_full_graph": False},
         )
 
-    def _tag_state(self, program: ExportedProgram) -> None:
+    def _tag_state(self, program: ExportedProgram, context: rules.RuleContext) -> None:
         """Core ML takes a mutable buffer over as state only if every op using it is in one
         partition, and only if it starts at zero: the payload carries no initial value for
         state (like MLX's), while a CPU-owned buffer is emitted with it."""
@@ -278,7 +306,7 @@ class CoreMLBackend(Backend):
             if where == {None} or not where:
                 continue  # state only the CPU uses stays on the CPU
             if len(where) == 1 and None not in where:
-                if not self.rule_context.ios18:
+                if not context.ios18:
                     # Stock refuses ('State model is supported only >= iOS18'); the delegate
                     # reads the buffer and returns its new value instead.
                     logger.info("coreml: %s stays a CPU buffer (Core ML state needs iOS 18)", spec.target)

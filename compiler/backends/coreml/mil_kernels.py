@@ -862,3 +862,92 @@ def crop(x, crop_height, crop_width):
     x = np.asarray(x)
     (top, bottom), (left, right) = [int(c) for c in crop_height], [int(c) for c in crop_width]
     return x[..., top:x.shape[-2] - bottom, left:x.shape[-1] - right]
+
+
+# --- compression and quantization (iOS16/constexpr_ops.py, iOS17/quantization_ops.py,
+# iOS18/compression.py): the weights of quantized models, the activations of PT2E's -----
+
+
+def _along(param, rank: int, axis) -> np.ndarray:
+    """A scale or zero point given as a scalar, or per element of `axis`, shaped to broadcast
+    against a rank-`rank` tensor."""
+    param = np.asarray(param)
+    if param.ndim in (0, rank):
+        return param
+    shape = [1] * rank
+    shape[int(axis) % rank] = param.size
+    return param.reshape(shape)
+
+
+def _blocks(param, shape) -> np.ndarray:
+    """`param` with each entry repeated over its block, to `shape` (block size per axis:
+    shape // param.shape)."""
+    for axis, (size, count) in enumerate(zip(shape, np.shape(param))):
+        param = np.repeat(param, size // count, axis=axis)
+    return param
+
+
+@kernel("constexpr_affine_dequantize")
+def constexpr_affine_dequantize(quantized_data, zero_point, scale, axis):
+    """scale * (quantized_data - zero_point), the two per element of `axis` or scalars; the
+    definition computes in float32 and rounds once to scale's dtype (iOS16)."""
+    data = np.asarray(quantized_data)
+    zero = _along(zero_point, data.ndim, axis).astype(np.float32)
+    scale = np.asarray(scale)
+    out = (data.astype(np.float32) - zero) * _along(scale, data.ndim, axis)
+    return out.astype(scale.dtype)
+
+
+@kernel("constexpr_blockwise_shift_scale")
+def constexpr_blockwise_shift_scale(data, scale, offset=None):
+    """scale * (data - offset), scale and offset of data's rank with one entry per block
+    (block size data.shape // scale.shape), in scale's dtype (iOS18)."""
+    scale = np.asarray(scale)
+    data = np.asarray(data).astype(scale.dtype)
+    if offset is not None:
+        data = data - _blocks(np.asarray(offset).astype(scale.dtype), data.shape)
+    return _blocks(scale, data.shape) * data
+
+
+@kernel("constexpr_lut_to_dense")
+def constexpr_lut_to_dense(indices, lut, vector_axis=None):
+    """Each index replaced by its entry of the table of its block (iOS18): lut is
+    [tables along each axis of indices..., 2**nbits, VECTOR_SIZE]; a vector entry fills
+    VECTOR_SIZE consecutive positions along vector_axis."""
+    indices, lut = np.asarray(indices).astype(np.intp), np.asarray(lut)
+    rank = indices.ndim
+    tables = tuple(
+        (np.arange(size) // (size // count)).reshape([-1 if a == axis else 1 for a in range(rank)])
+        for axis, (size, count) in enumerate(zip(indices.shape, lut.shape[:rank]))
+    )
+    entries = lut[(*tables, indices)]  # indices.shape + [VECTOR_SIZE]
+    if lut.shape[-1] == 1:
+        return entries[..., 0]
+    axis = int(vector_axis) % rank
+    shape = list(indices.shape)
+    shape[axis] *= lut.shape[-1]
+    return np.moveaxis(entries, -1, axis + 1).reshape(shape)
+
+
+@kernel("quantize")
+def quantize(input, scale, output_dtype, zero_point=None, axis=None):
+    """clip(round(input / scale) + zero_point) to output_dtype's range; input / scale in the
+    input's dtype, rounded half to even (iOS17)."""
+    x = np.asarray(input)
+    dtype = DTYPES[str(output_dtype)]
+    q = np.rint(x / _along(np.asarray(scale).astype(x.dtype), x.ndim, axis)).astype(np.float32)
+    if zero_point is not None:
+        q = q + _along(zero_point, x.ndim, axis).astype(np.float32)
+    limits = np.iinfo(dtype)
+    return np.clip(q, limits.min, limits.max).astype(dtype)
+
+
+@kernel("dequantize")
+def dequantize(input, scale, zero_point=None, axis=None):
+    """scale * (input - zero_point), computed in float32 and rounded once to scale's dtype (iOS17)."""
+    x = np.asarray(input)
+    scale = np.asarray(scale)
+    out = x.astype(np.float32)
+    if zero_point is not None:
+        out = out - _along(zero_point, x.ndim, axis).astype(np.float32)
+    return (out * _along(scale, x.ndim, axis)).astype(scale.dtype)

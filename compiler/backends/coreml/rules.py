@@ -452,6 +452,91 @@ def scalar_read_at_run_time(node, ctx) -> Optional[str]:
     )
 
 
+# --- quantized ops: the forms ExecuTorch's and coremltools' converters take ---------
+
+
+def _named(node: torch.fx.Node, *prefixes: str) -> bool:
+    """Whether the op's name starts with one of `prefixes` (quantized ops by name: their
+    namespaces exist only once TorchAO or PT2E has loaded)."""
+    return op_name(node.target).startswith(prefixes)
+
+
+def _shape(value) -> Optional[tuple]:
+    meta = value.meta.get("val") if isinstance(value, torch.fx.Node) else None
+    return tuple(meta.shape) if isinstance(meta, torch.Tensor) else None
+
+
+@node_rule()
+def dequantize_affine_form(node, ctx) -> Optional[str]:
+    if not _named(node, "torchao.dequantize_affine."):
+        return None
+    data, block_size = node.args[:2]
+    quant_range = tuple(node.args[5:7])
+    shape = _shape(data)
+    if not isinstance(data, torch.fx.Node) or data.op != "placeholder":
+        problem = "data computed in the program (Core ML dequantizes constant weights only)"
+    elif shape is None or len(shape) != 2 or list(block_size)[:1] != [1]:
+        problem = f"data of shape {shape} in blocks of {list(block_size)} (Core ML takes 2-D data in blocks of one row)"
+    elif quant_range not in ((-8, 7), (-128, 127)):
+        problem = f"the range {quant_range} (Core ML takes int4 [-8, 7] and int8 [-128, 127])"
+    else:
+        return None
+    return f"Core ML cannot convert {op_name(node.target)} of {problem}"
+
+
+@node_rule()
+def dequantize_codebook_form(node, ctx) -> Optional[str]:
+    if not _named(node, "quant.dequantize_codebook."):
+        return None
+    codes, codebook = node.args[:2]
+    codes_shape, table_shape = _shape(codes), _shape(codebook)
+    if not all(isinstance(a, torch.fx.Node) and a.op == "placeholder" for a in (codes, codebook)):
+        return f"Core ML cannot convert {op_name(node.target)} of codes or tables computed in the program"
+    if (
+        codes_shape is None or table_shape is None or len(codes_shape) != 2 or len(table_shape) != 4
+        or 1 not in table_shape[:2] or table_shape[3] != 1
+    ):
+        return (
+            f"Core ML cannot convert {op_name(node.target)} of codes {codes_shape} and tables {table_shape}: "
+            "ExecuTorch's converter takes 2-D codes with scalar tables per group of rows or of columns"
+        )
+    return None
+
+
+# quantize op -> position of quant_min (quant_max follows, then the dtype).
+_QUANTIZE_RANGE_AT = {
+    "quantized_decomposed.quantize_per_tensor.": 3,
+    "quantized_decomposed.quantize_per_channel.": 4,
+}
+
+
+@node_rule()
+def quantize_to_a_narrower_range(node, ctx) -> Optional[str]:
+    at = next((i for prefix, i in _QUANTIZE_RANGE_AT.items() if _named(node, prefix)), None)
+    if at is None or len(node.args) < at + 3:
+        return None
+    quant_min, quant_max, dtype = node.args[at : at + 3]
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point:
+        return None
+    full = torch.iinfo(dtype)
+    if (quant_min, quant_max) == (full.min, full.max):
+        return None
+    return (
+        f"Core ML's quantize clips to the whole {str(dtype).removeprefix('torch.')} range, and this "
+        f"{op_name(node.target)} clamps to [{quant_min}, {quant_max}] (coremltools drops the range)"
+    )
+
+
+@node_rule()
+def dynamic_activation_quantization(node, ctx) -> Optional[str]:
+    if _named(node, "quantized_decomposed.choose_qparams"):
+        return (
+            f"Core ML has no dynamic activation quantization: coremltools raises NotImplementedError "
+            f"for {op_name(node.target)}; quantize for Core ML with a weight-only or static scheme"
+        )
+    return None
+
+
 # --- partition rules -----------------------------------------------------------------
 
 

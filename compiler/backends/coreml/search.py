@@ -12,7 +12,7 @@ ML in one round, not one round per op.
 from __future__ import annotations
 
 import operator
-from typing import Mapping
+from typing import Collection, Mapping
 
 import attrs
 import torch
@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from compiler.backends.coreml import rules
+from compiler.backends.coreml import quantized, rules
 from compiler.ir.graph import CONSTANT_INPUT_KINDS, DELEGATION_TAG
 
 
@@ -66,6 +66,20 @@ def _has_tensor_inputs(partition: Partition, taken_over: set[str]) -> bool:
     return False
 
 
+def _owned_constants(inside: Collection[torch.fx.Node], taken_over: set[str]) -> set[torch.fx.Node]:
+    """The taken-over constants only quantized ops of `inside` read: coremltools makes MIL
+    consts of them (a quantized weight's int8 data), so reading one is no model input. Other
+    ops keep refusing int8 and uint8 constants: few MIL ops take those dtypes."""
+    return {
+        source
+        for node in inside
+        if quantized.node_need(node)
+        for source in node.all_input_nodes
+        if source.op == "placeholder" and source.name in taken_over
+        and all(u in inside and quantized.node_need(u) for u in source.users)
+    }
+
+
 def _propagate_refused_dtypes(new: dict[torch.fx.Node, str], refused: Mapping[torch.fx.Node, str]) -> None:
     """Ops reading a refused-dtype result of a CPU op would read it from outside too."""
     work = list(new)
@@ -107,11 +121,12 @@ def search(
         new: dict[torch.fx.Node, str] = {}
         for partition in partitions:
             inside = partition.nodes
+            owned = {*inside, *_owned_constants(inside, taken_over)}
             for node in inside:
                 if node.target is operator.getitem:
                     continue
                 reason = (
-                    rules.reads_refused_dtype(node, inside)
+                    rules.reads_refused_dtype(node, owned)
                     or rules.reads_size_expression(node, inside)
                     or rules.reads_float16_before_ios16(node, inside, ctx)
                     or rules.gives_refused_dtype(node, inside)
