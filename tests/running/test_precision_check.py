@@ -82,3 +82,11 @@ def test_a_program_computing_wider_with_a_wrong_bias_fails():
 def test_half_an_ulp_of_the_output_dtype_at_the_largest_value():
     assert half_ulp("bfloat16", 1.0) == 2**-8 and half_ulp("bfloat16", 0.3) == 2**-10
     assert half_ulp("float16", 1.0) == 2**-11 and half_ulp("float32", 1.0) == 0.0
+
+
+def test_a_float16_program_on_cpu_kernels_is_held_to_float16s_tolerance():
+    model, (x,) = mlp()
+    model, inputs = model.half(), (x.half(),)
+    check = compiler.compare_with_eager(compiler.compile(model, inputs, "portable", cache=False), model, inputs)
+    assert check.passed, check.describe()
+    assert "for a program computing in float16" in check.tolerance.rule and "half a float16 ulp" in check.tolerance.rule
