@@ -19,7 +19,8 @@ from compiler.backends.mlx import rewrites, support
 from compiler.backends.node_rules import first_refusal
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir.dialect import op_name
-from compiler.ir.graph import state_not_starting_at_zero
+from compiler.ir.graph import DELEGATION_TAG, state_not_starting_at_zero
+from compiler.ir.placement import DELEGATED_REASON
 from compiler.ir.private_api import mlx_include_sym_size_nodes, mlx_unsupported_reasons
 
 # The delegate id ExecuTorch records in the program for MLX payloads.
@@ -54,6 +55,15 @@ def _keep_initialized_state_on_cpu(program: ExportedProgram) -> None:
     an input and returns its new value, and the program carries its initial value."""
     for placeholder, _ in state_not_starting_at_zero(program):
         placeholder.meta.pop("delegation_tag", None)
+
+
+def _say_how_quantized_weights_run(program: ExportedProgram) -> None:
+    """Each delegated node that dequantizes a quantized weight or reads one gets, as its
+    placement reason, how MLX computes it: on the packed weight, or in float and why."""
+    how = support.quantized_weight_reasons(program)
+    for node in program.graph.nodes:
+        if node.name in how and node.meta.get(DELEGATION_TAG):
+            node.meta[DELEGATED_REASON] = how[node.name]
 
 
 class MLXBackend(Backend):
@@ -109,6 +119,7 @@ class MLXBackend(Backend):
             tag_mutated_buffer(program)
             _keep_initialized_state_on_cpu(program)
 
+        _say_how_quantized_weights_run(program)
         reasons = dict(guarded.refused)
         for node, why in mlx_unsupported_reasons(stock).items():
             reasons.setdefault(node.name, f"MLX's partitioner refused it: {_one_line(why)}")
