@@ -61,8 +61,28 @@ _NOT_KERNEL_CALLS = frozenset([operator.getitem, executorch_call_delegate])
 
 
 @functools.lru_cache(maxsize=1)
+def load_quantized_kernels() -> None:
+    """Register ExecuTorch's quantized CPU kernels (quantize, dequantize, choose_qparams per
+    tensor, channel and token; embedding_byte/2bit/4bit) in this process, for both sides: the
+    runtime's registry (the wheel ships them as `lib/libexecutorch_kernels_quantized.so`,
+    which registers into the `libexecutorch.so` the pybindings link, but nothing loads it)
+    and torch's, whose `.out` variants `to_executorch` emits. Without them a PT2E program
+    with a quantize op on the CPU fails to load: "Missing operator
+    quantized_decomposed::dequantize_per_tensor.Tensor_out"."""
+    import ctypes
+    import pathlib
+
+    import executorch
+    import executorch.kernels.quantized  # noqa: F401  (the .out variants, for the emitter)
+
+    library = pathlib.Path(list(executorch.__path__)[0]) / "lib" / "libexecutorch_kernels_quantized.so"
+    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+
+
+@functools.lru_cache(maxsize=1)
 def registered_kernels() -> frozenset[str]:
     """Names like `aten::add.out` that the runtime linked into this process registers."""
+    load_quantized_kernels()
     return frozenset(registered_operator_names())
 
 
@@ -128,6 +148,7 @@ def kernel_name(target: Any) -> str | None:
 def missing_kernel(target: Any) -> str | None:
     """What `target` needs on the CPU that the runtime lacks: a kernel name, or its
     missing out variant; None when the runtime can run it."""
+    load_quantized_kernels()  # before any out variant is looked up (and cached)
     try:
         name = kernel_name(target)
     except LookupError:

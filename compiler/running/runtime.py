@@ -14,6 +14,7 @@ from compiler import backends
 from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
+from compiler.ir.kernels import load_quantized_kernels
 from compiler.ir.private_api import deserialize_pte
 from compiler.running.activation_steps import activation_steps, quantizes_activations
 from compiler.running.tolerance import Tolerance
@@ -104,7 +105,10 @@ class LoadedProgram:
             self._reference = ReferenceExecutor(pte)
             self._execute = self._reference.run
         else:
-            self._execute = runtime.load_program(pte).load_method("forward").execute
+            load_quantized_kernels()
+            # The program is kept while its method runs: the method reads the program's data.
+            self._program = runtime.load_program(pte)
+            self._execute = self._program.load_method("forward").execute
 
     @property
     def computes_in_float16(self) -> bool:

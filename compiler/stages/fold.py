@@ -67,10 +67,19 @@ _FILL_OPS = (
 )
 
 
+def _codebook_ops() -> list:
+    """TorchAO's codebook dequantize (Core ML's palettized weights), once its module has
+    registered it: ExecuTorch's quant primitives do not list it."""
+    try:
+        return [torch.ops.quant.dequantize_codebook.default]
+    except (AttributeError, RuntimeError):
+        return []
+
+
 def default_skip_ops(dialect: str) -> frozenset:
     """Ops never folded, spelled in the program's dialect: fills and dequantize primitives
     (folding a dequantize stores a quantized weight as float)."""
-    ops = [*_FILL_OPS, *quant_primitives()]
+    ops = [*_FILL_OPS, *quant_primitives(), *_codebook_ops()]
     if dialect == EDGE:
         return frozenset(aten_to_edge(op) for op in ops)
     return frozenset(ops)

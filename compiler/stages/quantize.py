@@ -39,13 +39,12 @@ def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] 
             raise UserInputError(f"quantize_embedding on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE)
         return None
     scheme = schemes.BY_NAME[options.scheme]
-    if backend == "portable":
-        raise UserInputError(f"quantize {scheme.name} on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE)
     takes = scheme.granularities(backend)
     if not takes:
         fits = [s.name for s in schemes.SCHEMES if backend in s.backends]
+        why = f": {schemes.PORTABLE_ANSWER}" if backend == "portable" else ""
         raise UserInputError(
-            f"the {backend} backend does not take the quantize scheme {scheme.name!r}",
+            f"the {backend} backend does not take the quantize scheme {scheme.name!r}{why}",
             stage=STAGE,
             hint=f"for {backend} use one of: {', '.join(fits)}; {scheme.name} is for "
             f"{', '.join(scheme.backends)}",
@@ -96,7 +95,9 @@ def _torchao_config(scheme: Scheme, granularity: str, group_size: int, bits: int
 
 
 def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
-    if backend == "xnnpack":
+    """The backend's PT2E quantizer; portable's is XNNPACK's, whose annotations are plain
+    quantized_decomposed ops the portable runtime's quantized kernels run."""
+    if backend in ("xnnpack", "portable"):
         from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
             XNNPACKQuantizer,
             get_symmetric_quantization_config,
@@ -127,7 +128,7 @@ def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def _layers(kind: type, group_size: int | None, left: dict[str, str]) -> Callable[[torch.nn.Module, str], bool]:
+def _layers(kind: type | tuple[type, ...], group_size: int | None, left: dict[str, str]) -> Callable[[torch.nn.Module, str], bool]:
     """TorchAO's filter: the modules of `kind` whose rows split into whole groups; the others
     are left in float, each with why in `left` (ExecuTorch's LLM export skips them the same way)."""
 
@@ -143,7 +144,7 @@ def _layers(kind: type, group_size: int | None, left: dict[str, str]) -> Callabl
     return take
 
 
-def _quantize_layers(module: torch.nn.Module, config: Any, kind: type, group_size: int | None, left: dict[str, str]) -> None:
+def _quantize_layers(module: torch.nn.Module, config: Any, kind: type | tuple[type, ...], group_size: int | None, left: dict[str, str]) -> None:
     from torchao.quantization import quantize_
     from torchao.utils import unwrap_tensor_subclass
 
@@ -169,7 +170,10 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         else:
             module = _module_tree_copy(module)
             config = _torchao_config(scheme, granularity, options.group_size, options.bits)
-            _quantize_layers(module, config, torch.nn.Linear, options.group_size if granularity == PER_GROUP else None, left)
+            group = options.group_size if granularity == PER_GROUP else None
+            # A codebook palettizes embedding tables too, as ExecuTorch's codebook recipe does.
+            kinds = (torch.nn.Linear, torch.nn.Embedding) if scheme.name == "codebook" else torch.nn.Linear
+            _quantize_layers(module, config, kinds, group, left)
     if options.embedding is not None:
         if module is model.module:
             module = _module_tree_copy(module)

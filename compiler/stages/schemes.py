@@ -54,7 +54,7 @@ class Scheme:
 SCHEMES: tuple[Scheme, ...] = (
     Scheme(
         "int8_dynamic", "int8 weights; activations quantized to int8 at run time (PT2E)", PT2E, DYNAMIC, 8,
-        {"xnnpack": {PER_CHANNEL: "xnnpack_pt2e_int8_dynamic_per_channel"}},
+        {"xnnpack": {PER_CHANNEL: "xnnpack_pt2e_int8_dynamic_per_channel"}, "portable": {PER_CHANNEL: None}},
     ),
     Scheme(
         "int8_static", "int8 weights and activations, activation scales from calibration (PT2E)", PT2E, STATIC, 8,
@@ -64,6 +64,7 @@ SCHEMES: tuple[Scheme, ...] = (
                 PER_TENSOR: "xnnpack_pt2e_int8_static_per_tensor",
             },
             "coreml": {PER_CHANNEL: "coreml_pt2e_int8_static"},
+            "portable": {PER_CHANNEL: None, PER_TENSOR: None},
         },
     ),
     Scheme(
@@ -81,7 +82,8 @@ SCHEMES: tuple[Scheme, ...] = (
     ),
     Scheme(
         "8da8w", "int8 weights; activations quantized to int8 at run time (TorchAO)", TORCHAO, DYNAMIC, 8,
-        {"xnnpack": {PER_CHANNEL: None, PER_GROUP: None}},
+        # XNNPACK's lowering: "Only 4b group quantization is supported".
+        {"xnnpack": {PER_CHANNEL: None}},
     ),
     Scheme(
         "4w", "int4 weights, float activations (TorchAO)", TORCHAO, WEIGHT_ONLY, 4,
@@ -122,11 +124,13 @@ SCHEME_NAMES: tuple[str, ...] = tuple(BY_NAME)
 # Embedding tables: weight-only TorchAO schemes, applied to nn.Embedding modules.
 EMBEDDING_SCHEMES = ("4w", "8w")
 
-# The portable CPU runtime this machine runs (and ExecuTorch's pip wheel) registers no
-# quantized kernels: a quantized program there would run dequantize ops it has no kernel for.
+# The portable CPU runtime runs PT2E's int8 programs with ExecuTorch's quantized kernels
+# (quantize, dequantize, choose_qparams: `compiler.ir.kernels.load_quantized_kernels`), but
+# has no kernel for TorchAO's ops (torchao::dequantize_affine, ...).
 PORTABLE_ANSWER = (
-    "the portable CPU runtime has no quantized kernels (it registers no quantized_decomposed "
-    "or torchao op): quantize for xnnpack (int8_dynamic, int8_static, 8da4w, 8da8w), coreml or mlx"
+    "the portable CPU runtime has ExecuTorch's quantized kernels for PT2E's int8 schemes "
+    "(int8_dynamic, int8_static: quantize and dequantize on the CPU around float ops), and no kernel "
+    "for TorchAO's ops: the TorchAO schemes are for xnnpack, coreml and mlx"
 )
 
 

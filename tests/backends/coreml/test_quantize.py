@@ -21,7 +21,6 @@ definitions (value inference of `mil/ops/defs`), without a compile.
 
 from __future__ import annotations
 
-import importlib
 
 import coremltools as ct
 import numpy as np
@@ -86,12 +85,6 @@ WEIGHT_ONLY_SLOW = [
 
 
 def _compile(scheme, granularity, embedding, **options):
-    if scheme == "codebook":
-        # The codebook op is registered when TorchAO's codebook module loads; the fold stage
-        # would fold it (it is not among ExecuTorch's quant primitives), so it is named.
-        importlib.import_module("torchao.prototype.quantization.codebook_coreml")
-
-        options["fold_skip_ops"] = ["quant.dequantize_codebook.default"]
     model, draws = _model()
     if granularity:
         options["quantize_granularity"] = granularity
