@@ -199,6 +199,24 @@ def compile(
         return CompileResult(result.artifact, report, result.artifacts, result.config)
 
 
+def with_quantized_model(
+    result: CompileResult, model: torch.nn.Module, example_inputs: Any, dynamic_shapes: Any = None, calibration: Any = None
+) -> CompileResult:
+    """A result without its quantize stage's artifact (a resumed run) whose configuration
+    quantizes, given it again from `model`: the eager quantized model its check compares
+    with. Static schemes need the same `calibration` as the run that quantized."""
+    options = result.config.quantize
+    if "quantize" in result.stages or (options.scheme is None and options.embedding is None):
+        return result
+    from compiler.stages.quantize import check_calibration, quantize_model
+
+    eager = _eager_model(model, example_inputs, dynamic_shapes, calibration)
+    check_calibration(options, result.config.backend, eager.calibration)
+    module, _ = quantize_model(eager, options, result.config.backend)
+    quantized = attrs.evolve(eager, module=module, float_module=model)
+    return attrs.evolve(result, stages={**result.stages, "quantize": quantized})
+
+
 def _stage_cache(driving: DriverOptions, given_backend: Backend | None) -> StageCache | None:
     """The stage cache a run uses: only with `cache_dir`. A run that must see every stage
     (dump_dir, print_after_change) stores but does not load; a resumed run has no capture

@@ -421,7 +421,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
     use_model = not resume_from
-    calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if use_model else None
+    calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if args.model else None
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
     try:
         result = api.compile(
@@ -448,6 +448,11 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         if args.check:
             from compiler.running import runtime
 
+            if not use_model:  # a resumed run: the check needs the eager model its program quantized
+                result = terminal.quietly(
+                    "quantizing the model for the check", api.with_quantized_model, result, module, inputs,
+                    dynamic_shapes, calibration,
+                )
             check = terminal.quietly("checking against eager", runtime.compare_with_eager, result, module, inputs,
                                      tolerance=args.tolerance)
             report = attrs.evolve(report, check=check.to_json())

@@ -152,3 +152,13 @@ def test_draws_need_a_factory_that_takes_a_seed(tmp_path):
     assert "seed" in str(err.value)
     first, second = draw_inputs("mlp", 2)
     assert not torch.equal(first[0], second[0])
+
+
+def test_a_resumed_quantized_compile_is_checked_against_the_eager_quantized_model(tmp_path, capsys):
+    spec = "mlp:features=32,hidden=64,layers=2"
+    assert main(["compile", spec, "--backend", "xnnpack", "--quantize", "8da4w", "--stop-after", "capture",
+                 "-o", str(tmp_path / "c.stage"), "--no-cache"]) == 0
+    capsys.readouterr()
+    assert main(["compile", spec, "--resume-from", str(tmp_path / "c.stage"), "--check", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "check against the eager quantized model" in out and "quantization error" in out
