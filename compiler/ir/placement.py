@@ -35,7 +35,6 @@ _FLOATING = ("float16", "bfloat16", "float32", "float64")
 # The compile spec that sets the floating precision a delegate computes in (Core ML's), and its
 # value where a backend's specs leave it out (ExecuTorch's `model_compute_precision_from_compile_specs`).
 COMPUTE_PRECISION_SPEC = "compute_precision"
-_DEFAULT_COMPUTE_PRECISION = {"CoreMLBackend": "float16"}
 
 
 def backend_name(backend_id: str) -> str:
@@ -161,7 +160,8 @@ class PlacementPlan:
             return placement.dtype
         spec = self.partitions[placement.tag]
         given = next((s.value.decode() for s in spec.compile_specs if s.key == COMPUTE_PRECISION_SPEC), None)
-        return given or _DEFAULT_COMPUTE_PRECISION.get(spec.backend_id, placement.dtype)
+        target = BY_DELEGATE_ID.get(spec.backend_id)
+        return given or (target and target.default_compute_precision) or placement.dtype
 
     def delegate_numbers(self) -> dict[str, int]:
         """Tag -> the delegate's number for its backend (1, 2, ...), in program order."""
