@@ -79,7 +79,7 @@ def check_calibration(options: QuantizeOptions, backend: str, calibration: Any) 
         )
 
 
-def _torchao_config(scheme: Scheme, granularity: str, group_size: int, bits: int = 4) -> Any:
+def _torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: str, bits: int = 4) -> Any:
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
 
@@ -91,7 +91,10 @@ def _torchao_config(scheme: Scheme, granularity: str, group_size: int, bits: int
         return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"), block_size=[-1, group_size])
     if scheme.activations == schemes.DYNAMIC:
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=grain)
-    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain)
+    # MLX's own LLM export picks weight scales by HQQ (zero points stay zero): the same choice
+    # gives the same weights as its programs, bit for bit.
+    algorithm = {"intx_choose_qparams_algorithm": "hqq_scale_only"} if backend == "mlx" else {}
+    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain, **algorithm)
 
 
 def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
@@ -169,7 +172,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
             module = _pt2e(model, _pt2e_quantizer(scheme, granularity, backend))
         else:
             module = _module_tree_copy(module)
-            config = _torchao_config(scheme, granularity, options.group_size, options.bits)
+            config = _torchao_config(scheme, granularity, options.group_size, backend, options.bits)
             group = options.group_size if granularity == PER_GROUP else None
             # A codebook palettizes embedding tables too, as ExecuTorch's codebook recipe does.
             kinds = (torch.nn.Linear, torch.nn.Embedding) if scheme.name == "codebook" else torch.nn.Linear
@@ -179,7 +182,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
             module = _module_tree_copy(module)
         embedding = schemes.BY_NAME[options.embedding]
         group = options.embedding_group_size
-        config = _torchao_config(embedding, PER_GROUP if group else PER_CHANNEL, group)
+        config = _torchao_config(embedding, PER_GROUP if group else PER_CHANNEL, group, backend)
         _quantize_layers(module, config, torch.nn.Embedding, group or None, left)
         metrics["embedding"] = options.embedding
     if left:

@@ -162,3 +162,17 @@ def test_a_resumed_quantized_compile_is_checked_against_the_eager_quantized_mode
     assert main(["compile", spec, "--resume-from", str(tmp_path / "c.stage"), "--check", "--no-cache"]) == 0
     out = capsys.readouterr().out
     assert "check against the eager quantized model" in out and "quantization error" in out
+
+
+def test_mlx_weights_are_those_of_mlx_own_llm_export(model):
+    """MLX's export picks scales by HQQ (`extension/llm/export/quantize.py`): ours the same."""
+    import copy
+
+    from executorch.extension.llm.export.quantize import quantize_model_
+
+    module, inputs = model
+    result = compiler.compile(module, inputs, "mlx", quantize="4w", quantize_group_size=32, stop_after="quantize")
+    theirs = copy.deepcopy(module)
+    quantize_model_(theirs, qlinear_config="4w", qlinear_group_size=32)
+    with torch.no_grad():
+        assert torch.equal(result.artifact.module(*inputs), theirs(*inputs))
