@@ -253,7 +253,7 @@ def stock_recipe(quantization: Quantization, backend: str):
     name = scheme.recipe(backend, quantization.granularity)
     if name is None:
         config = AOQuantizationConfig(
-            _torchao_config(scheme, quantization.granularity, quantization.group_size), _is(torch.nn.Linear)
+            _torchao_config(scheme, quantization.granularity, quantization.group_size, backend), _is(torch.nn.Linear)
         )
         return ExportRecipe(
             name=f"{scheme.name} ({quantization.granularity})",
@@ -268,14 +268,14 @@ def stock_recipe(quantization: Quantization, backend: str):
     return ExportRecipe.get_recipe(recipe_type, **kwargs)
 
 
-def _quantize_embeddings(model: torch.nn.Module, quantization: Quantization) -> None:
+def _quantize_embeddings(model: torch.nn.Module, quantization: Quantization, backend: str) -> None:
     """TorchAO's config for the embedding option applied to `model`'s tables, in place: a recipe
     takes one TorchAO config ("AO quantization configs cannot be reliably composed together")."""
     from torchao.quantization import quantize_
 
     group = quantization.embedding_group_size
     granularity = schemes.PER_GROUP if group else schemes.PER_CHANNEL
-    config = _torchao_config(schemes.BY_NAME[quantization.embedding], granularity, group)
+    config = _torchao_config(schemes.BY_NAME[quantization.embedding], granularity, group, backend)
     quantize_(model, config, filter_fn=_is(torch.nn.Embedding))
 
 
@@ -288,7 +288,7 @@ def _stock_quantized(program: Program | Reproducer, backend: str, want) -> Outco
     with _quiet():
         try:
             if program.quantization.embedding:
-                _quantize_embeddings(model, program.quantization)
+                _quantize_embeddings(model, program.quantization, backend)
             recipe = stock_recipe(program.quantization, backend)
             session = export(model, _calibration(program, inputs), export_recipe=recipe)
             pte = session.get_pte_buffer()
