@@ -43,11 +43,15 @@ def _call_signature(op):
 def _functional_ops(packet, kernel_op):
     """The overloads of `packet` whose out variant is `kernel_op`: same call, no out tensor."""
     overloads = [getattr(packet, name) for name in packet.overloads()]
-    return [
+    same_call = [
         op
         for op in overloads
         if not _is_out(op) and op._schema.returns and _call_signature(op) == _call_signature(kernel_op)
     ]
+    # Two overloads with one call (quantized_decomposed's embedding_2bit and embedding_2bit.dtype):
+    # each has its own out variant, named after it (`out`, `dtype_out`).
+    named = kernel_op._overloadname.removesuffix("out").removesuffix("_") or "default"
+    return [op for op in same_call if op._overloadname == named] or same_call
 
 
 def _edge(op):
