@@ -18,6 +18,7 @@ import copy
 import logging
 from typing import Any, Callable
 
+import attrs
 import torch
 
 from compiler.ir.artifacts import EagerModel
@@ -131,60 +132,107 @@ def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def _layers(kind: type | tuple[type, ...], group_size: int | None, left: dict[str, str]) -> Callable[[torch.nn.Module, str], bool]:
-    """TorchAO's filter: the modules of `kind` whose rows split into whole groups; the others
-    are left in float, each with why in `left` (ExecuTorch's LLM export skips them the same way)."""
+def _one_dimensional_inputs(model: EagerModel) -> set[str]:
+    """The names of the Linear modules the example inputs reach with a 1-D input (one run, with hooks)."""
+    found: set[str] = set()
 
-    def take(module: torch.nn.Module, fqn: str) -> bool:
-        if not isinstance(module, kind):
-            return False
-        columns = module.weight.shape[-1]
-        if group_size and columns % group_size:
-            left[fqn] = f"{columns} input features are not a multiple of the group size {group_size}"
-            return False
-        return True
+    def noting(name: str) -> Callable:
+        def note(module: torch.nn.Module, args: tuple) -> None:
+            if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 1:
+                found.add(name)
 
-    return take
+        return note
+
+    hooks = [
+        m.register_forward_pre_hook(noting(name))
+        for name, m in model.module.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    try:
+        with torch.no_grad():
+            model.module(*model.example_inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
 
 
-def _quantize_layers(module: torch.nn.Module, config: Any, kind: type | tuple[type, ...], group_size: int | None, left: dict[str, str]) -> None:
+def _why_left_in_float(module: torch.nn.Module, fqn: str, scheme: Scheme, granularity: str, group_size: int | None,
+                       backend: str, one_dimensional: set[str]) -> str | None:
+    """Why a layer of the kind a scheme quantizes stays in float (None: it is quantized).
+    ExecuTorch's LLM export skips layers whose rows do not split into groups the same way."""
+    columns = module.weight.shape[-1]
+    if group_size and columns % group_size:
+        return f"{columns} input features are not a multiple of the group size {group_size}"
+    if granularity == PER_CHANNEL and columns == 1:
+        return "one input feature: TorchAO's per-channel quantization cannot pack a single column"
+    if backend == "xnnpack" and scheme.weight_bits == 4 and columns % 32:
+        return f"{columns} input features: XNNPACK's 4-bit kernels take rows of a multiple of 32"
+    if backend == "xnnpack" and scheme.activations == schemes.DYNAMIC and fqn in one_dimensional:
+        return "its input is 1-D: XNNPACK's dynamically quantized GEMM takes rows of a batch"
+    return None
+
+
+def _quantize_layers(
+    module: torch.nn.Module, config: Any, kind: type | tuple[type, ...], left: dict[str, str],
+    why_not: Callable[[torch.nn.Module, str], str | None],
+) -> None:
+    """TorchAO's config on the modules of `kind` but those `why_not` names a reason for,
+    which are left in float, each with why in `left`."""
     from torchao.quantization import quantize_
     from torchao.utils import unwrap_tensor_subclass
 
-    quantize_(module, config, filter_fn=_layers(kind, group_size, left))
+    def take(layer: torch.nn.Module, fqn: str) -> bool:
+        if not isinstance(layer, kind):
+            return False
+        why = why_not(layer, fqn)
+        if why:
+            left[fqn or type(layer).__name__] = why
+        return why is None
+
+    quantize_(module, config, filter_fn=take)
     # Quantized weights as plain tensors (parametrized), as ExecuTorch's recipes leave them:
     # capture then lifts ordinary constants, which the stage cache and stage files can hash and save.
     unwrap_tensor_subclass(module)
 
 
 def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) -> tuple[torch.nn.Module, dict]:
-    """The eager quantized module, and what the report says of it."""
+    """The eager quantized module, and what the report says of it. Embedding tables first:
+    PT2E's converted graph has no Embedding modules left for TorchAO to find."""
     chosen = chosen_scheme(options, backend)
     metrics: dict[str, Any] = {}
     left: dict[str, str] = {}  # layer -> why the scheme left it in float
     module = model.module
+    if options.embedding is not None:
+        module = _module_tree_copy(module)
+        embedding = schemes.BY_NAME[options.embedding]
+        group = options.embedding_group_size
+        granularity = PER_GROUP if group else PER_CHANNEL
+        config = _torchao_config(embedding, granularity, group, backend)
+        _quantize_layers(
+            module, config, torch.nn.Embedding, left,
+            lambda layer, fqn: _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", set()),
+        )
+        metrics["embedding"] = options.embedding
     if chosen is not None:
         scheme, granularity = chosen
         metrics.update(scheme=scheme.name, granularity=granularity)
         if granularity == PER_GROUP:
             metrics["group_size"] = options.group_size
         if scheme.flow == PT2E:
-            module = _pt2e(model, _pt2e_quantizer(scheme, granularity, backend))
+            module = _pt2e(attrs.evolve(model, module=module), _pt2e_quantizer(scheme, granularity, backend))
         else:
-            module = _module_tree_copy(module)
+            one_dimensional = _one_dimensional_inputs(model) if scheme.activations == schemes.DYNAMIC else set()
+            if module is model.module:
+                module = _module_tree_copy(module)
             config = _torchao_config(scheme, granularity, options.group_size, backend, options.bits)
             group = options.group_size if granularity == PER_GROUP else None
             # A codebook palettizes embedding tables too, as ExecuTorch's codebook recipe does.
             kinds = (torch.nn.Linear, torch.nn.Embedding) if scheme.name == "codebook" else torch.nn.Linear
-            _quantize_layers(module, config, kinds, group, left)
-    if options.embedding is not None:
-        if module is model.module:
-            module = _module_tree_copy(module)
-        embedding = schemes.BY_NAME[options.embedding]
-        group = options.embedding_group_size
-        config = _torchao_config(embedding, PER_GROUP if group else PER_CHANNEL, group, backend)
-        _quantize_layers(module, config, torch.nn.Embedding, group or None, left)
-        metrics["embedding"] = options.embedding
+            _quantize_layers(
+                module, config, kinds, left,
+                lambda layer, fqn: _why_left_in_float(layer, fqn, scheme, granularity, group, backend, one_dimensional),
+            )
     if left:
         metrics["left_in_float"] = "; ".join(f"{fqn}: {why}" for fqn, why in left.items())
     return module, metrics

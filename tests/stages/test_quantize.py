@@ -176,3 +176,42 @@ def test_mlx_weights_are_those_of_mlx_own_llm_export(model):
     quantize_model_(theirs, qlinear_config="4w", qlinear_group_size=32)
     with torch.no_grad():
         assert torch.equal(result.artifact.module(*inputs), theirs(*inputs))
+
+
+class EmbedThenLinear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(50, 64)
+        self.head = torch.nn.Linear(64, 8)
+
+    def forward(self, ids):
+        return self.head(self.table(ids))
+
+
+@pytest.mark.parametrize(
+    "layer, inputs, options, why",
+    [
+        # Each failed inside ExecuTorch or TorchAO (IndexError, AssertionError, RuntimeError).
+        (torch.nn.Linear(32, 2), (torch.randn(32),), {"quantize": "8da4w", "quantize_granularity": "per_channel"},
+         "its input is 1-D"),
+        (torch.nn.Linear(4, 4), (torch.randn(2, 4),), {"quantize": "8da4w", "quantize_granularity": "per_channel"},
+         "XNNPACK's 4-bit kernels take rows of a multiple of 32"),
+        (torch.nn.Linear(1, 3, bias=False), (torch.randn(2, 1),),
+         {"quantize": "8da8w", "quantize_granularity": "per_channel"}, "cannot pack a single column"),
+    ],
+)
+def test_a_layer_a_scheme_cannot_take_stays_in_float_and_says_why(layer, inputs, options, why):
+    result = compiler.compile(layer.eval(), inputs, "xnnpack", **options)
+    row = next(r for r in result.report.stages if r.stage == "quantize")
+    assert why in row.metrics["left_in_float"]
+    torch.testing.assert_close(LoadedProgram(result)(inputs)[0], layer(*inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_embedding_quantization_goes_with_a_pt2e_scheme():
+    # The converted PT2E graph has no Embedding modules: the table was silently left in float.
+    torch.manual_seed(0)
+    model, ids = EmbedThenLinear().eval(), (torch.randint(0, 50, (2, 5)),)
+    result = compiler.compile(model, ids, "xnnpack", quantize="int8_dynamic", quantize_embedding="8w")
+    captured = {str(n.target) for n in result.stages["capture"].program.graph.nodes}
+    assert "torchao.dequantize_affine.default" in captured
+    assert "quantized_decomposed.choose_qparams.tensor" in captured

@@ -76,9 +76,9 @@ def test_eight_bit_weights_per_group_are_refused_by_name():
     from compiler.ir.errors import CompileError, StageFailure
     from compiler.models.examples import mlp
 
-    with pytest.raises(CompileError, match="per-group weight scales only for 4-bit weights") as raised:
+    with pytest.raises(CompileError, match="takes granularity per_channel, not per_group") as raised:
         compiler.compile(*mlp(), "xnnpack", quantize="8da8w", quantize_granularity="per_group", cache=False)
-    assert not isinstance(raised.value, StageFailure)
+    assert not isinstance(raised.value, StageFailure) and raised.value.stage == "quantize"
     assert "per_channel" in raised.value.hint
 
 
