@@ -161,6 +161,8 @@ def _why_left_in_float(module: torch.nn.Module, fqn: str, scheme: Scheme, granul
                        backend: str, one_dimensional: set[str]) -> str | None:
     """Why a layer of the kind a scheme quantizes stays in float (None: it is quantized).
     ExecuTorch's LLM export skips layers whose rows do not split into groups the same way."""
+    if isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return "nn.MultiheadAttention's output projection: attention reads its weight itself, as a plain tensor"
     columns = module.weight.shape[-1]
     if group_size and columns % group_size:
         return f"{columns} input features are not a multiple of the group size {group_size}"

@@ -215,3 +215,24 @@ def test_embedding_quantization_goes_with_a_pt2e_scheme():
     captured = {str(n.target) for n in result.stages["capture"].program.graph.nodes}
     assert "torchao.dequantize_affine.default" in captured
     assert "quantized_decomposed.choose_qparams.tensor" in captured
+
+
+class Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+        self.head = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.head(self.attention(x, x, x, need_weights=False)[0])
+
+
+@pytest.mark.parametrize("backend, scheme", [("xnnpack", "8da4w"), ("mlx", "4w")])
+def test_multihead_attentions_output_projection_stays_in_float(backend, scheme):
+    # LeRobot's ACT: MultiheadAttention calls its out_proj's weight itself, which TorchAO's
+    # quantized weight refuses ("IntxUnpackedToInt8Tensor dispatch: ... aten.t").
+    torch.manual_seed(0)
+    model, inputs = Attention().eval(), (torch.randn(1, 8, 64),)
+    result = compiler.compile(model, inputs, backend, quantize=scheme)
+    row = next(r for r in result.report.stages if r.stage == "quantize")
+    assert row.metrics["left_in_float"].startswith("attention.out_proj: nn.MultiheadAttention's output projection")
