@@ -24,15 +24,14 @@ from executorch.backends.xnnpack.utils.quant_utils import (
     is_quant,
 )
 
+from compiler.backends.xnnpack.rules import GEMM_ARGUMENTS
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import op_nodes
 
-# GEMM op -> (activation argument, weight argument); a batched matmul reads two activations.
+# GEMM op -> (activation argument, weight argument): those whose weight stock's GEMM configs
+# read (`rules.GEMM_ARGUMENTS`), and a batched matmul, which reads two activations.
 _GEMMS = {
-    "aten.linear.default": (0, 1),
-    "aten.convolution.default": (0, 1),
-    "aten.addmm.default": (1, 2),
-    "aten.mm.default": (0, 1),
+    **{op: (activation, weight) for op, (weight, activation) in GEMM_ARGUMENTS.items()},
     "aten.bmm.default": (0, 1),
 }
 

@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 DEQUANTIZE_AFFINE = "torchao.dequantize_affine.default"
 
 # GEMM op -> (weight argument, activation argument), as stock's GEMM configs read them.
-_GEMM_ARGUMENTS = {
+GEMM_ARGUMENTS = {
     "aten.linear.default": (1, 0),
     "aten.convolution.default": (1, 0),
     "aten.mm.default": (1, 0),
@@ -97,7 +97,7 @@ def _dynamic_gemm_weight(dequantize: torch.fx.Node, user: torch.fx.Node) -> bool
     quantized activation: the one pattern XNNPACK lowers with the scales."""
     if user.op != "call_function":
         return False
-    arguments = _GEMM_ARGUMENTS.get(op_name(user.target))
+    arguments = GEMM_ARGUMENTS.get(op_name(user.target))
     if arguments is None or len(user.args) <= max(arguments):
         return False
     weight, activation = (user.args[i] for i in arguments)
@@ -202,7 +202,7 @@ def _decomposable(node: torch.fx.Node) -> bool:
 
 
 def _weight_of(gemm: torch.fx.Node, name: str):
-    position = _GEMM_ARGUMENTS[name][0]
+    position = GEMM_ARGUMENTS[name][0]
     return gemm.args[position] if len(gemm.args) > position else None
 
 
@@ -215,7 +215,7 @@ def _gemms_reading(weight: torch.fx.Node) -> list[torch.fx.Node]:
             name = op_name(user.target) if user.op == "call_function" else ""
             if name in _WEIGHT_LAYOUT_OPS:
                 frontier.append(user)
-            elif name in _GEMM_ARGUMENTS and _weight_of(user, name) is node:
+            elif name in GEMM_ARGUMENTS and _weight_of(user, name) is node:
                 found.append(user)
     return found
 
