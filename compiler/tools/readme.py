@@ -8,7 +8,8 @@ test (tests/test_readme.py) keeps the two equal:
 
 Paths are relative to the project's root (the folder holding README.md), where the
 command is run. The model suite's results table is measured, not generated from the
-code: `python -m benchmarks.model_suite --doc docs/model-suite.md` writes it.
+code: `python -m benchmarks.model_suite --doc docs/model-suite.md` writes it, and
+`python -m benchmarks.quantization` the quantization table of docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ GENERATED: dict[str, Generated] = {
 # Sections a benchmark writes from what it measured: name -> the file holding it.
 MEASURED: dict[str, str] = {
     "model-suite-table": "docs/model-suite.md",
+    "quantization-table": "docs/quantization.md",
 }
 
 
