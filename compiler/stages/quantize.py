@@ -229,10 +229,11 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
                 module = _module_tree_copy(module)
             config = _torchao_config(scheme, granularity, options.group_size, backend, options.bits)
             group = options.group_size if granularity == PER_GROUP else None
-            # A codebook palettizes embedding tables too, as ExecuTorch's codebook recipe does.
-            kinds = (torch.nn.Linear, torch.nn.Embedding) if scheme.name == "codebook" else torch.nn.Linear
+            # Linear layers only (ExecuTorch's codebook recipe palettizes Embedding tables too, but
+            # models read those weights themselves: ACT's `pos_embed.weight.unsqueeze(1)` fails on
+            # TorchAO's CodebookQuantizedTensor); --quantize-embedding quantizes tables.
             _quantize_layers(
-                module, config, kinds, left,
+                module, config, torch.nn.Linear, left,
                 lambda layer, fqn: _why_left_in_float(layer, fqn, scheme, granularity, group, backend, one_dimensional),
             )
     if left:
