@@ -16,6 +16,7 @@ from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
 from compiler.ir.kernels import load_quantized_kernels
 from compiler.ir.private_api import deserialize_pte
+from compiler.ir.targets import BY_DELEGATE_ID
 from compiler.running.activation_steps import activation_steps, quantizes_activations
 from compiler.running.tolerance import Tolerance
 
@@ -49,6 +50,14 @@ def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
 _CONVERSIONS = ("aten::_to_copy", "dim_order_ops::_to_dim_order_copy")
 
 
+def _computes_its_own_dtype(delegate_id: str) -> bool:
+    """A delegate that computes bfloat16 (MLX) may do so between float32 inputs and outputs: its
+    boundary says nothing of what it computes in. One without bfloat16 kernels computes in its
+    boundary's dtype."""
+    target = BY_DELEGATE_ID.get(delegate_id)
+    return target is not None and target.no_bfloat16 is None and target.default_compute_precision is None
+
+
 def _computed_dtype(pte: bytes) -> torch.dtype | None:
     from executorch.exir import schema
 
@@ -59,6 +68,8 @@ def _computed_dtype(pte: bytes) -> torch.dtype | None:
         for instruction in (i for chain in plan.chains for i in chain.instructions):
             call = instruction.instr_args
             if isinstance(call, schema.KernelCall) and plan.operators[call.op_index].name in _CONVERSIONS:
+                continue
+            if isinstance(call, schema.DelegateCall) and _computes_its_own_dtype(plan.delegates[call.delegate_index].id):
                 continue
             if isinstance(call, (schema.KernelCall, schema.DelegateCall)):
                 values = (plan.values[index].val for index in call.args)
@@ -221,6 +232,17 @@ def _cast(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) ->
     return copy.deepcopy(module).to(dtype), cast
 
 
+def _in_dtype(program: Any, model: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[Any, tuple]:
+    """The eager model computing in `dtype`: for the model the program was compiled from, the
+    precision stage's own program run eagerly (its casts inside the model rewritten too: a cast
+    module would still round through them, and mix dtypes); else the model and inputs cast."""
+    stages = getattr(program, "stages", None) or {}
+    compiled = stages.get("quantize")
+    if "precision" in stages and compiled is not None and compiled.module is model:
+        return stages["precision"].program.module(), tuple(inputs)
+    return _cast(model, inputs, dtype)
+
+
 def _quantized_model(program: Any) -> torch.nn.Module | None:
     """The eager quantized model of a CompileResult whose quantize stage quantized (else None)."""
     quantized = (getattr(program, "stages", None) or {}).get("quantize")
@@ -284,7 +306,7 @@ def compare_with_eager(
     model_dtype = _model_dtype(model, inputs)
     program_dtype = loaded.computes_in
     wider = program_dtype if program_dtype and torch.finfo(program_dtype).eps < torch.finfo(model_dtype).eps else None
-    reference, reference_inputs = (model, tuple(inputs)) if wider is None else _cast(model, inputs, wider)
+    reference, reference_inputs = (model, tuple(inputs)) if wider is None else _in_dtype(program, model, inputs, wider)
     state = _State(reference, module, model)
     expected = _eager(reference, reference_inputs)
     state.first_run_done()
