@@ -4,11 +4,14 @@ our programs pass their checks; the table in docs/quantization.md is the committ
 import json
 import pathlib
 
+import pytest
+
 from compiler.tools import readme
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 30-80 s of compiles; the default run keeps the doc-table test below
 def test_quick_subset_measures_every_column_and_ours_passes(tmp_path):
     from benchmarks import quantization
 
