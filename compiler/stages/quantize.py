@@ -80,7 +80,8 @@ def check_calibration(options: QuantizeOptions, backend: str, calibration: Any) 
         )
 
 
-def _torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: str, bits: int = 4) -> Any:
+def torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: str, bits: int = 4) -> Any:
+    """The TorchAO config of a scheme on a backend: the stage's and the fuzzer's oracle's one source."""
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
 
@@ -210,7 +211,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         embedding = schemes.BY_NAME[options.embedding]
         group = options.embedding_group_size
         granularity = PER_GROUP if group else PER_CHANNEL
-        config = _torchao_config(embedding, granularity, group, backend)
+        config = torchao_config(embedding, granularity, group, backend)
         _quantize_layers(
             module, config, torch.nn.Embedding, left,
             lambda layer, fqn: _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", set()),
@@ -227,7 +228,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
             one_dimensional = _one_dimensional_inputs(model) if scheme.activations == schemes.DYNAMIC else set()
             if module is model.module:
                 module = _module_tree_copy(module)
-            config = _torchao_config(scheme, granularity, options.group_size, backend, options.bits)
+            config = torchao_config(scheme, granularity, options.group_size, backend, options.bits)
             group = options.group_size if granularity == PER_GROUP else None
             # Linear layers only (ExecuTorch's codebook recipe palettizes Embedding tables too, but
             # models read those weights themselves: ACT's `pos_embed.weight.unsqueeze(1)` fails on

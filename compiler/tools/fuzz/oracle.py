@@ -29,7 +29,7 @@ from compiler.tools.fuzz.programs import Program, Quantization, Reproducer
 from compiler.ir.errors import CompileError, StageFailure, UnsupportedByRuntime
 from compiler.running.runtime import LoadedProgram, compare_with_eager
 from compiler.stages import schemes
-from compiler.stages.quantize import _torchao_config
+from compiler.stages.quantize import torchao_config
 
 OK, COMPILED, NAMED, WRAPPED, RAW, WRONG, INVALID = (
     "ok", "compiled", "named error", "wrapped error", "raw exception", "wrong result", "invalid program",
@@ -253,7 +253,7 @@ def stock_recipe(quantization: Quantization, backend: str):
     name = scheme.recipe(backend, quantization.granularity)
     if name is None:
         config = AOQuantizationConfig(
-            _torchao_config(scheme, quantization.granularity, quantization.group_size, backend), _is(torch.nn.Linear)
+            torchao_config(scheme, quantization.granularity, quantization.group_size, backend), _is(torch.nn.Linear)
         )
         return ExportRecipe(
             name=f"{scheme.name} ({quantization.granularity})",
@@ -275,7 +275,7 @@ def _quantize_embeddings(model: torch.nn.Module, quantization: Quantization, bac
 
     group = quantization.embedding_group_size
     granularity = schemes.PER_GROUP if group else schemes.PER_CHANNEL
-    config = _torchao_config(schemes.BY_NAME[quantization.embedding], granularity, group, backend)
+    config = torchao_config(schemes.BY_NAME[quantization.embedding], granularity, group, backend)
     quantize_(model, config, filter_fn=_is(torch.nn.Embedding))
 
 
