@@ -13,6 +13,7 @@ from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
 from compiler.ir.private_api import delegate_outputs_from_call_sites, deserialize_pte
 from compiler.stages.base import Stage, StageContext
+from compiler.stages.options import constant_method_values
 from compiler.stages.shared import METHOD
 
 
@@ -71,7 +72,9 @@ class Emit(Stage, takes=LoweredProgram, returns=ExecutorchProgram):
         if initialized:
             ctx.metrics["initialized_state"] = len(initialized)
         manager = EdgeProgramManager(
-            {METHOD: program}, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+            {METHOD: program},
+            constant_methods=constant_method_values(ctx.options.constant_methods) or None,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
         config = ExecutorchBackendConfig(
             extract_delegate_segments=ctx.options.extract_delegate_segments,

@@ -196,9 +196,63 @@ class DryRunOptions:
             )
 
 
+def _entries(given: Any) -> Any:
+    """One entry or several as a tuple (a list from a stage file's JSON compares equal to it)."""
+    if isinstance(given, str):
+        return (given,)
+    return tuple(given) if isinstance(given, list) else given
+
+
 @attrs.frozen
 class EmitOptions:
     extract_delegate_segments: bool = option(
         True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it"
     )
     stacktrace: bool = option(False, "record each instruction's Python stack trace in the .pte")
+    constant_methods: tuple[str, ...] = option(
+        (), "a method NAME=VALUE the .pte also holds that returns VALUE (an int, a float, true / false, or "
+        "ints separated by commas), as ExecuTorch's LLM runners read their metadata (get_max_seq_len=128)",
+        kind=str, metavar="NAME=VALUE", converter=_entries,
+    )
+
+    def __attrs_post_init__(self) -> None:
+        constant_method_values(self.constant_methods)
+
+
+_CONSTANT_METHOD_HINT = "give NAME=VALUE: an identifier other than forward, and an int, a float, true, false or ints a,b,c"
+
+
+def _constant(name: str, text: str) -> bool | int | float | list[int]:
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        if "," in text:
+            return [int(item) for item in text.split(",") if item]
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise UserInputError(
+            f"emit_constant_methods: the value {text!r} of {name!r} is not a number, a bool or a list of ints",
+            stage="emit", hint=_CONSTANT_METHOD_HINT,
+        ) from None
+
+
+def constant_method_values(entries: tuple[str, ...]) -> dict[str, bool | int | float | list[int]]:
+    """The emit stage's constant methods as ExecuTorch's `constant_methods` (name -> value); the
+    option keeps the NAME=VALUE text, so the configuration records it as the user gave it."""
+    values: dict[str, bool | int | float | list[int]] = {}
+    for entry in entries:
+        name, equals, text = entry.partition("=")
+        if not equals or not name.isidentifier() or name == "forward" or not text or ";" in text:
+            raise UserInputError(
+                f"emit_constant_methods: {entry!r} is not NAME=VALUE", stage="emit", hint=_CONSTANT_METHOD_HINT
+            )
+        if name in values:
+            raise UserInputError(
+                f"emit_constant_methods: {name!r} is given twice", stage="emit", hint="give each method once"
+            )
+        values[name] = _constant(name, text)
+    return values
