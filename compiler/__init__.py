@@ -28,6 +28,7 @@ _EXPORTS = {
     "UserInputError": "compiler.ir.errors",
     "VerificationError": "compiler.ir.errors",
     "sweep": "compiler.tools.sweeps",
+    "generate": "compiler.tools.generation",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,334 @@
+"""Text generation as a job: a causal LM -> a `.pte` and a `tokenizer.json` that ExecuTorch's
+`TextLLMRunner` loads, and the check of its greedy generation against eager.
+
+The check decodes greedily through the eager decoder step (the reference; it must agree with
+transformers' own `generate`), then:
+
+- tokens: on a backend this machine's ExecuTorch runtime runs (portable, XNNPACK) through
+  `TextLLMRunner` itself, from the prompt's text, compared token by token with eager's; on Core
+  ML and MLX, whose runtimes are Apple-only, through our reference executor, which keeps the
+  program's state from call to call as a device does: each step's token is the program's own
+  argmax, which, fed eager's tokens, is the token it would generate until the first difference;
+- logits: the program stepped through the same calls as eager (each prompt token, then each
+  generated one), every call's logits compared with eager's within the backend's tolerance.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import statistics
+import tempfile
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from compiler.ir.errors import CompileError, UserInputError
+from compiler.models import llm
+from compiler.running.tolerance import Tolerance
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+DEFAULT_PROMPT = llm.prompt_text([5, 9, 13, 17, 21, 25, 29, 33])
+# Backend options a generation program needs: Core ML keeps the KV cache as state from iOS 18.
+NEEDED_BACKEND_OPTIONS = {"coreml": {"minimum_deployment_target": "iOS18"}}
+RUNNER = "TextLLMRunner"
+REFERENCE = "reference executor"
+
+
+def prompt_tokens(model: llm.TextModel, prompt: str) -> list[int]:
+    """The prompt's token ids as the runner makes them (BOS first, num_bos=1)."""
+    known = llm.tokenizer(model).get_vocab()
+    unknown = [word for word in prompt.split() if word not in known]
+    if unknown or not prompt.split():
+        raise UserInputError(
+            f"the prompt {prompt!r} has {'no tokens' if not unknown else 'pieces not in the vocabulary: ' + ', '.join(unknown[:5])}",
+            hint=f"write it in the generated tokenizer's pieces, e.g. {DEFAULT_PROMPT!r} ({llm.piece(0)} .. "
+            f"{llm.piece(model.vocab - 1)}, separated by spaces)",
+        )
+    return llm.tokenizer(model).encode(prompt).ids
+
+
+@attrs.frozen
+class EagerGeneration:
+    tokens: list[int]  # the generated tokens, EOS included when it came
+    calls: list[tuple[int, int]]  # (token, position) of each decoder call: the prompt, then the generated tokens
+    logits: list[torch.Tensor]  # each call's logits, [vocab]
+
+
+def eager_greedy(model: llm.TextModel, prompt: Sequence[int], steps: int) -> EagerGeneration:
+    """Greedy decoding through the eager decoder step, one token per call as the runner prefills."""
+    model.reset()
+    tokens: list[int] = []
+    calls = [(token, position) for position, token in enumerate(prompt)]
+    logits = []
+    with torch.no_grad():
+        index = 0
+        while index < len(calls):
+            token, position = calls[index]
+            logits.append(model.step(torch.tensor([[token]]), torch.tensor([position]))[0, -1].clone())
+            index += 1
+            if index >= len(prompt):
+                tokens.append(int(logits[-1].argmax()))
+                if len(tokens) < steps and tokens[-1] not in model.eos:
+                    calls.append((tokens[-1], position + 1))
+    model.reset()
+    return EagerGeneration(tokens, calls, logits)
+
+
+def _transformers_generate(model: llm.TextModel, prompt: Sequence[int], steps: int) -> list[int]:
+    with torch.no_grad():
+        out = model.hf_model.generate(torch.tensor([list(prompt)]), max_new_tokens=steps, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@attrs.frozen
+class GenerationCheck:
+    model: str
+    backend: str
+    steps: int  # greedy tokens asked for
+    prompt: tuple[int, ...]
+    eager_tokens: tuple[int, ...]
+    program_tokens: tuple[int, ...]
+    runner: str  # what generated the program's tokens: TextLLMRunner or the reference executor
+    worst_logit_error: float  # over every call's logits
+    worst_call: int
+    tolerance: Tolerance
+    methods: tuple[str, ...]  # the .pte's methods
+    prefill_ms_per_token: float | None = None  # under TextLLMRunner (its stats are whole milliseconds)
+    decode_ms_per_token: float | None = None
+
+    @property
+    def first_difference(self) -> int | None:
+        """The first generated step whose token differs from eager's (a missing token counts), or None."""
+        for step, (got, want) in enumerate(zip(self.program_tokens, self.eager_tokens)):
+            if got != want:
+                return step
+        if len(self.program_tokens) != len(self.eager_tokens):
+            return min(len(self.program_tokens), len(self.eager_tokens))
+        return None
+
+    @property
+    def passed(self) -> bool:
+        return self.first_difference is None and self.worst_logit_error <= self.tolerance.absolute
+
+    def describe(self) -> str:
+        step = self.first_difference
+        stopped = " (eager stopped at EOS)" if len(self.eager_tokens) < self.steps else ""
+        if step is None:
+            tokens = f"{len(self.eager_tokens)} greedy tokens equal to eager's{stopped}"
+        else:
+            def at(tokens):
+                return llm.piece(tokens[step]) if step < len(tokens) else "nothing"
+
+            tokens = (
+                f"tokens differ from eager's at step {step} (program {at(self.program_tokens)}, "
+                f"eager {at(self.eager_tokens)}; {step} equal before it)"
+            )
+        timing = (
+            f"; prefill {self.prefill_ms_per_token:.3g} ms/token, decode {self.decode_ms_per_token:.3g} ms/token"
+            if self.prefill_ms_per_token is not None else ""
+        )
+        return (
+            f"generation check ({self.model} on {self.backend}, tokens by {self.runner}): {tokens}; worst logit "
+            f"error {self.worst_logit_error:.3g} at call {self.worst_call} -> {'OK' if self.passed else 'MISMATCH'} "
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}){timing}"
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model, "backend": self.backend, "steps": self.steps, "prompt": list(self.prompt),
+            "eager_tokens": list(self.eager_tokens), "program_tokens": list(self.program_tokens),
+            "runner": self.runner, "first_difference": self.first_difference, "passed": self.passed,
+            "worst_logit_error": self.worst_logit_error, "worst_call": self.worst_call,
+            "tolerance": self.tolerance.absolute, "tolerance_rule": self.tolerance.rule, "methods": list(self.methods),
+            "prefill_ms_per_token": self.prefill_ms_per_token, "decode_ms_per_token": self.decode_ms_per_token,
+        }
+
+
+def _pte(program: Any) -> bytes:
+    if isinstance(program, (str, os.PathLike)):
+        return pathlib.Path(program).read_bytes()
+    if isinstance(program, (bytes, bytearray)):
+        return bytes(program)
+    return getattr(program, "program", program).pte
+
+
+def _methods(pte: bytes) -> tuple[str, ...]:
+    from compiler.ir.private_api import deserialize_pte
+
+    return tuple(plan.name for plan in deserialize_pte(pte).program.execution_plan)
+
+
+def _runs_here(pte: bytes) -> bool:
+    """Whether ExecuTorch's runtime here has every delegate of the program (else: the reference executor)."""
+    from executorch.runtime import Runtime
+
+    from compiler.ir.private_api import deserialize_pte
+
+    registry = Runtime.get().backend_registry
+    plans = deserialize_pte(pte).program.execution_plan
+    return all(registry.is_available(d.id) for plan in plans for d in plan.delegates)
+
+
+def _tolerance(loaded, largest: float) -> Tolerance:
+    if loaded.computes_in_float16:
+        return Tolerance.for_precision("float16", largest, by_delegate=True)
+    dtype = loaded.computes_in
+    return Tolerance.for_precision(str(dtype).removeprefix("torch.") if dtype is not None else "float32", largest)
+
+
+def _runner_generation(pte_path: str, tokenizer_path: str, model: llm.TextModel, prompt: str, steps: int, repeats: int):
+    """Greedy tokens from TextLLMRunner and its prefill and decode milliseconds per token (medians of
+    `repeats` generations: its stats count whole milliseconds)."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    from compiler.process.dependency_output import DependencyOutput
+
+    ids = {name: token for token, name in llm.special_names(model).items()}
+    config = GenerationConfig(echo=False, max_new_tokens=steps, temperature=0.0, num_bos=1)
+    runs: list[tuple[list[str], Any]] = []
+    with DependencyOutput():  # the runner prints each token and its stats from C++
+        runner = TextLLMRunner(pte_path, tokenizer_path)
+        for _ in range(repeats):
+            pieces: list[str] = []
+            stats: list[Any] = []
+            try:
+                runner.generate(prompt, config, pieces.append, stats.append)
+            except RuntimeError as exc:
+                raise CompileError(
+                    f"TextLLMRunner failed to generate from the program: {exc}",
+                    hint="run it with -v to see what the runner logged",
+                ) from exc
+            runs.append((pieces, stats[-1]))
+            runner.reset()
+    tokens = []
+    for text in runs[0][0]:
+        if text in ids:
+            tokens.append(ids[text])
+        elif text.startswith("t") and text[1:].isdigit():
+            tokens.append(int(text[1:]))
+        else:
+            raise CompileError(f"TextLLMRunner returned {text!r}, which is no piece of the generated tokenizer")
+    prefill = statistics.median(
+        (s.prompt_eval_end_ms - s.inference_start_ms) / max(s.num_prompt_tokens, 1) for _, s in runs
+    )
+    decode = statistics.median(
+        (s.inference_end_ms - s.prompt_eval_end_ms) / max(s.num_generated_tokens, 1) for _, s in runs
+    )
+    return tokens, prefill, decode
+
+
+def check_generation(
+    program: Any, model: llm.TextModel, backend: str, steps: int = 32, prompt: str = DEFAULT_PROMPT,
+    workdir: str | os.PathLike | None = None, tolerance: float | None = None, repeats: int = 3,
+) -> GenerationCheck:
+    """Greedy generation of `steps` tokens by the program (a CompileResult, `.pte` bytes or path)
+    against eager: tokens token by token, every call's logits within the tolerance (`tolerance`,
+    absolute, or the backend's). `workdir` receives the program and tokenizer files the runner reads."""
+    from compiler.running.runtime import LoadedProgram
+
+    prompt_ids = prompt_tokens(model, prompt)
+    if len(prompt_ids) + steps > model.max_cache_len:
+        raise UserInputError(
+            f"the prompt ({len(prompt_ids)} tokens with BOS) and {steps} generated tokens do not fit the cache of "
+            f"{model.max_cache_len} positions",
+            hint=f"ask for at most {model.max_cache_len - len(prompt_ids)} tokens, or a longer cache",
+        )
+    eager = eager_greedy(model, prompt_ids, steps)
+    reference = _transformers_generate(model, prompt_ids, steps)
+    if reference != eager.tokens:
+        raise CompileError(
+            f"greedy decoding through the decoder step ({eager.tokens}) disagrees with transformers' generate "
+            f"({reference}): the eager reference itself is in doubt",
+            hint="check the model's static cache: the step and generate must compute the same logits",
+        )
+    pte = _pte(program)
+    loaded = LoadedProgram(pte)
+    model.reset()  # the program starts from the state it was compiled with, the eager model from its own
+    errors, program_argmax = [], []
+    largest = 0.0
+    for (token, position), want in zip(eager.calls, eager.logits):
+        (got,) = loaded([torch.tensor([[token]]), torch.tensor([position])])
+        got = got[0, -1].to(torch.float64)
+        errors.append((got - want.double()).abs().max().item())
+        largest = max(largest, want.abs().max().item())
+        program_argmax.append(int(got.argmax()))
+    first_generating = len(prompt_ids) - 1
+    prefill_ms = decode_ms = None
+    if _runs_here(pte):
+        runner = RUNNER
+        with tempfile.TemporaryDirectory() as scratch:
+            folder = pathlib.Path(workdir or scratch)
+            folder.mkdir(parents=True, exist_ok=True)
+            pte_path, tokenizer_path = folder / "checked.pte", folder / TOKENIZER_FILE
+            pte_path.write_bytes(pte)
+            llm.tokenizer(model).save(str(tokenizer_path))
+            tokens, prefill_ms, decode_ms = _runner_generation(
+                str(pte_path), str(tokenizer_path), model, prompt, steps, repeats
+            )
+            pte_path.unlink()
+    else:
+        # Fed eager's tokens, the program's argmax at each step is its own greedy token up to the first
+        # difference; one token past it says what it generated there.
+        runner = REFERENCE
+        tokens = program_argmax[first_generating:]
+        differ = next((i for i, (a, b) in enumerate(zip(tokens, eager.tokens)) if a != b), None)
+        if differ is not None:
+            tokens = tokens[: differ + 1]
+    worst = max(range(len(errors)), key=errors.__getitem__)
+    return GenerationCheck(
+        model.name, backend, steps, tuple(prompt_ids), tuple(eager.tokens), tuple(tokens), runner,
+        errors[worst], worst, Tolerance.given(tolerance) if tolerance is not None else _tolerance(loaded, largest),
+        _methods(pte), prefill_ms, decode_ms,
+    )
+
+
+@attrs.frozen
+class GenerationJob:
+    """What `generate` made: the model as prepared, the compile, the files written, the check."""
+
+    model: llm.TextModel
+    result: Any  # the CompileResult
+    pte_path: pathlib.Path | None
+    tokenizer_path: pathlib.Path | None
+    check: GenerationCheck | None
+
+
+def generate(
+    model: Any, backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None,
+    check: bool = False, prompt: str = DEFAULT_PROMPT, max_cache_len: int = 64, tolerance: float | None = None,
+    backend_options: dict | None = None, **options: Any,
+) -> GenerationJob:
+    """Compile a causal LM (a built-in name, a `save_pretrained` folder, a transformers model, or a
+    `TextModel`) into a program TextLLMRunner runs: `<name>.pte` and `tokenizer.json` in
+    `output_dir`; with `check`, greedy generation of `tokens` tokens checked against eager.
+    `options` are compile's (quantize, ...)."""
+    from compiler import api
+
+    if tokens < 1:
+        raise UserInputError(f"{tokens} tokens: generate at least one", hint="e.g. tokens=32")
+    text = model if isinstance(model, llm.TextModel) else llm.text_model(model, max_cache_len=max_cache_len)
+    backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
+    constant = (*text.constant_methods, *options.pop("emit_constant_methods", ()))
+    text.reset()
+    result = api.compile(
+        text.step, text.example_inputs, backend, backend_options=backend_options or None,
+        emit_constant_methods=constant, **options,
+    )
+    pte_path = tokenizer_path = None
+    if output_dir is not None:
+        folder = pathlib.Path(output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        pte_path, tokenizer_path = folder / f"{text.name}.pte", folder / TOKENIZER_FILE
+        result.save(pte_path)
+        llm.tokenizer(text).save(str(tokenizer_path))
+        logger.info("wrote %s and %s", pte_path, tokenizer_path)
+    checked = (
+        check_generation(result, text, backend, tokens, prompt, workdir=output_dir, tolerance=tolerance)
+        if check else None
+    )
+    return GenerationJob(text, result, pte_path, tokenizer_path, checked)
