@@ -18,6 +18,7 @@ from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.mlx import rewrites, support
 from compiler.backends.node_rules import first_refusal
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
+from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import DELEGATION_TAG, state_not_starting_at_zero
 from compiler.ir.placement import DELEGATED_REASON
@@ -47,6 +48,20 @@ def _one_line(reason: str) -> str:
             handler, op, why = found.groups()
             return f"{handler} refused {op}: {why}"
     return line
+
+
+def _refusal(program: ExportedProgram, why: str) -> str:
+    """Stock's reason for refusing a node, in one line; a handler that took a dynamic size as a
+    number (a guard `dynamic.guards_refused` stopped) is said so, naming the dimension."""
+    line = _one_line(why)
+    symbols = dynamic.symbols_in(why)
+    if not symbols:
+        return f"MLX's partitioner refused it: {line}"
+    sizes = ", ".join(dynamic.describe(program, s) for s in symbols)
+    return (
+        f"MLX's {line.split(' refused ')[0]} takes the dynamic size {sizes} as a number, which would fix "
+        "it at the example's size for the whole program; on the CPU it stays dynamic"
+    )
 
 
 def _keep_initialized_state_on_cpu(program: ExportedProgram) -> None:
@@ -82,7 +97,7 @@ class MLXBackend(Backend):
         self.partitioner = MLXPartitioner(**partitioner_options)
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
-        with support.symbolic_floats_hidden(program):
+        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program):
             ops, _ = self.partitioner.ops_to_not_decompose(program)
         # An op one of our rules sends to the CPU must not be kept whole for MLX
         # (the same rule stock applies to the nodes its own check declines).
@@ -102,7 +117,7 @@ class MLXBackend(Backend):
             rewrite(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
-        with support.symbolic_floats_hidden(program):
+        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program):
             stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
         guarded = support.GuardedSupport(stock)
         found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)
@@ -122,7 +137,7 @@ class MLXBackend(Backend):
         _say_how_quantized_weights_run(program)
         reasons = dict(guarded.refused)
         for node, why in mlx_unsupported_reasons(stock).items():
-            reasons.setdefault(node.name, f"MLX's partitioner refused it: {_one_line(why)}")
+            reasons.setdefault(node.name, _refusal(program, why))
         return BackendPartition(partitions, reasons)
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:

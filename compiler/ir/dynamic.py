@@ -1,0 +1,86 @@
+"""Dynamic dimensions: which input sizes a program declares symbolic, how to name them for a
+user, and keeping a dependency from fixing one.
+
+torch.export gives each dynamic dimension a symbol (`s70`) with a range in the program's
+`range_constraints`; every later program shares the symbol's shape environment. Code that
+takes a symbolic size as a number (`int(size)`) adds a guard there that fixes the symbol
+at the example's value, silently, for every program sharing it: the lowered program then
+runs at the example's length only. `guards_refused` makes such a guard an error instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterator
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
+
+# What torch says when a guard is attempted under `guards_refused` (`_ShapeEnvGuardError`).
+_GUARD_MESSAGE = re.compile(r"Guard attempted while ShapeEnv guards are frozen: (.+?)(?:\.\s|\.?$)", re.M)
+_SYMBOL = re.compile(r"\bs\d+\b")
+
+GuardRefused = _ShapeEnvGuardError
+
+
+def _input_sizes(program: ExportedProgram) -> Iterator[tuple[str, int, torch.SymInt]]:
+    """(input name, dimension, size) of each symbolic size of the program's user inputs."""
+    names = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        if node.op == "placeholder" and node.name in names and isinstance(value, torch.Tensor):
+            for dim, size in enumerate(value.shape):
+                if isinstance(size, torch.SymInt):
+                    yield node.name, dim, size
+
+
+def _range(program: ExportedProgram, symbol: str) -> str:
+    for key, bounds in program.range_constraints.items():
+        if str(key) == symbol:
+            upper = "" if bounds.upper.is_infinite else str(bounds.upper)
+            return f"{bounds.lower}..{upper}"
+    return "?"
+
+
+def describe(program: ExportedProgram, symbol: str) -> str:
+    """`s70` as a user reads it: `input_ids's dim 1 (s70, 2..32)`, or the symbol and its range
+    when no input size is the symbol itself (a size computed from it)."""
+    where = next(
+        (f"{name}'s dim {dim}" for name, dim, size in _input_sizes(program) if str(size.node._expr) == symbol), None
+    )
+    return f"{where} ({symbol}, {_range(program, symbol)})" if where else f"the dynamic size {symbol} ({_range(program, symbol)})"
+
+
+def symbols_in(text: str) -> list[str]:
+    """The dynamic-size symbols a guard refused under `guards_refused` named, from its message
+    (stock backends report a handler's exception as text); [] when `text` is no such message."""
+    found = _GUARD_MESSAGE.search(text)
+    return sorted(set(_SYMBOL.findall(found.group(1)))) if found else []
+
+
+def fixed_sizes(program: ExportedProgram) -> list[str]:
+    """The declared dynamic sizes something fixed at a number: a symbol its shape environment
+    now replaces by a number, or a range constraint that is one number."""
+    fixed = [
+        f"{name}'s dim {dim} ({size.node._expr}) is now {size.node.expr}"
+        for name, dim, size in _input_sizes(program)
+        if size.node.expr.is_number and not size.node._expr.is_number
+    ]
+    fixed += [f"the range of {key} is {bounds}" for key, bounds in program.range_constraints.items() if key.is_number]
+    return fixed
+
+
+def _shape_env(program: ExportedProgram):
+    return next((size.node.shape_env for _, _, size in _input_sizes(program)), None)
+
+
+@contextlib.contextmanager
+def guards_refused(program: ExportedProgram) -> Iterator[None]:
+    """While inside, code that would guard on one of the program's symbolic sizes (take it as
+    a number, compare it with one) raises `GuardRefused` instead of fixing or narrowing it.
+    Nothing happens for a program without dynamic inputs."""
+    env = _shape_env(program)
+    with env.error_on_new_guards() if env is not None else contextlib.nullcontext():
+        yield

@@ -1,0 +1,25 @@
+"""A dynamic sequence dimension on MLX: the payload runs at lengths other than the example's,
+and a node whose stock handler would take a symbolic size as a number stays off the delegate
+with a reason naming that dimension (else its guard fixed the size for the whole program)."""
+
+import compiler
+from dynamic_shape_models import causal_attention, largest_errors, position_gather, symbolic_input_dims
+
+TOLERANCE = 1e-4
+
+
+def test_causal_attention_runs_at_other_lengths():
+    model, inputs, dynamic = causal_attention()
+    result = compiler.compile(model, inputs, "mlx", dynamic_shapes=dynamic)
+    assert result.program.delegates == ("MLXBackend",)
+    assert max(largest_errors(result, model, inputs).values()) < TOLERANCE
+
+
+def test_handler_that_would_fix_the_size_stays_on_the_cpu_and_says_why():
+    model, inputs, dynamic = position_gather()
+    result = compiler.compile(model, inputs, "mlx", dynamic_shapes=dynamic)
+    assert symbolic_input_dims(result.stages["lower"].program)
+    (index,) = [row for row in result.report.placement if row.op == "aten.index.Tensor"]
+    assert index.where == "cpu", index
+    assert "x's dim 1" in index.reason and "2..32" in index.reason, index.reason
+    assert max(largest_errors(result, model, inputs).values()) < TOLERANCE
