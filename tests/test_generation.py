@@ -105,3 +105,18 @@ def test_the_cli_job_writes_the_program_and_the_tokenizer(tmp_path, capsys):
 
 def test_an_unknown_model_is_a_named_error():
     assert main(["generate", "nonesuch", "--backend", "portable"]) == 2
+
+
+def test_the_readme_table_is_the_committed_results():
+    import json
+    import pathlib
+
+    from benchmarks import generation as benchmark  # light: builds no model
+    from compiler.tools import readme
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    results = json.loads((root / "benchmarks" / "results" / "generation.json").read_text())["results"]
+    text = (root / readme.document(benchmark.SECTION)).read_text()
+    assert readme.section(text, benchmark.SECTION) == benchmark.table(results), (
+        "regenerate it: python -m benchmarks.generation"
+    )

@@ -9,7 +9,8 @@ test (tests/test_readme.py) keeps the two equal:
 Paths are relative to the project's root (the folder holding README.md), where the
 command is run. The model suite's results table is measured, not generated from the
 code: `python -m benchmarks.model_suite --doc docs/model-suite.md` writes it, and
-`python -m benchmarks.quantization` the quantization table of docs/quantization.md.
+`python -m benchmarks.quantization` the quantization table of docs/quantization.md, and
+`python -m benchmarks.generation` the README's text-generation table.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ GENERATED: dict[str, Generated] = {
 MEASURED: dict[str, str] = {
     "model-suite-table": "docs/model-suite.md",
     "quantization-table": "docs/quantization.md",
+    "generation-table": "README.md",
 }
 
 

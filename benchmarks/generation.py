@@ -1,0 +1,108 @@
+"""The text-generation table: each built-in LM on every backend, generating greedily.
+
+    python -m benchmarks.generation [--models llama qwen3 gemma] [--backends ...] [--tokens 32]
+
+For each built-in tiny LM (`compiler.models.llm.BUILT_IN`: Llama, Qwen3 and Gemma layouts,
+random weights) and backend it runs the generation job (`compiler.generate(..., check=True)`):
+the `.pte` with TextLLMRunner's metadata methods and its tokenizer, greedy generation of
+`--tokens` tokens (through TextLLMRunner on portable and XNNPACK, the reference executor on
+Core ML and MLX) compared token by token with eager, the worst logit error over every call,
+and on XNNPACK the runner's prefill and decode milliseconds per token (medians of three
+generations; its stats count whole milliseconds). Cells merge by key into
+benchmarks/results/generation.json; the table between the README's `generation-table` markers
+is rendered from every cell held (tests/test_generation.py checks it is the committed results').
+Light to import: torch loads only when it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+
+from compiler.tools import readme
+
+SECTION = "generation-table"
+MODELS = ("llama", "qwen3", "gemma")
+BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
+RESULTS = os.path.join(os.path.dirname(__file__), "results", "generation.json")
+
+
+def measure(model: str, backend: str, tokens: int) -> dict:
+    import compiler
+
+    start = time.perf_counter()
+    try:
+        job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64)
+    except compiler.CompileError as error:
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+    return {**job.check.to_json(), "seconds": time.perf_counter() - start}
+
+
+def _tokens(cell: dict) -> str:
+    if cell["first_difference"] is None:
+        eos = " (EOS)" if len(cell["eager_tokens"]) < cell["steps"] else ""
+        return f"yes, {len(cell['eager_tokens'])} of {cell['steps']}{eos}"
+    return f"no: step {cell['first_difference']}"
+
+
+def _milliseconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| model | backend | methods in the .pte | tokens equal to eager's | by | worst logit error (tolerance) "
+        "| XNNPACK prefill ms/token | XNNPACK decode ms/token |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model in (m for m in MODELS if m in results):
+        for backend in (b for b in BACKENDS if b in results[model]):
+            cell = results[model][backend]
+            if "error" in cell:
+                lines.append(f"| {model} | {backend} | fails: {cell['error'][:80]} | | | | | |")
+                continue
+            metadata = len(cell["methods"]) - 1
+            on_xnnpack = backend == "xnnpack"
+            lines.append(
+                f"| {model} | {backend} | forward + {metadata} metadata | {_tokens(cell)} | {cell['runner']} "
+                f"| {cell['worst_logit_error']:.1e} ({cell['tolerance']:.0e}) "
+                f"| {_milliseconds(cell['prefill_ms_per_token'] if on_xnnpack else None)} "
+                f"| {_milliseconds(cell['decode_ms_per_token'] if on_xnnpack else None)} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--json", default=RESULTS, help=f"merge the cells into this file (default: {RESULTS})")
+    parser.add_argument("--doc", default="README.md", help="write the table between its generation-table markers")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    import torch
+
+    results: dict = {}
+    if os.path.exists(args.json):
+        with open(args.json) as f:
+            results = json.load(f)["results"]
+    for model in args.models:
+        for backend in args.backends:
+            cell = measure(model, backend, args.tokens)
+            results.setdefault(model, {})[backend] = cell
+            print(f"{model} {backend}: {table({model: {backend: cell}}).splitlines()[-1]}", flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"torch": torch.__version__, "results": results}, f, indent=2)
+    text = table(results)
+    print(text)
+    readme.write_file(args.doc, SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
