@@ -120,3 +120,41 @@ def test_the_readme_table_is_the_committed_results():
     assert readme.section(text, benchmark.SECTION) == benchmark.table(results), (
         "regenerate it: python -m benchmarks.generation"
     )
+
+
+@pytest.mark.parametrize("backend", ["coreml", "mlx"])
+def test_reference_executors_keep_the_cache_from_step_to_step(backend):
+    job = compiler.generate("llama", backend, tokens=4, check=True, max_cache_len=16)
+    assert job.check.runner == generation.REFERENCE
+    assert job.check.passed, job.check.describe()
+    assert len(job.check.program_tokens) == 4
+
+
+def test_a_save_pretrained_folder_generates_with_its_own_special_ids(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=32, bos_token_id=7, eos_token_id=[8, 9],
+    )
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "tiny-qwen")
+    job = compiler.generate(tmp_path / "tiny-qwen", "portable", tokens=4, check=True, max_cache_len=16,
+                            output_dir=tmp_path / "out", prompt="t10 t11")
+    assert (job.model.bos, job.model.eos) == (7, (8, 9))
+    assert "get_eos_ids=8,9" in job.model.constant_methods
+    assert job.check.prompt == (7, 10, 11)
+    assert job.check.passed, job.check.describe()
+    assert (tmp_path / "out" / "tiny-qwen.pte").is_file()
+
+
+def test_a_prompt_outside_the_vocabulary_or_the_cache_is_a_named_error(llama):
+    with pytest.raises(compiler.UserInputError, match="not in the vocabulary: hello"):
+        generation.prompt_tokens(llama, "t5 hello")
+    with pytest.raises(compiler.UserInputError, match="do not fit the cache"):
+        generation.check_generation(b"", llama, "portable", steps=40)
+
+
+def test_a_quantized_check_is_refused_before_compiling():
+    with pytest.raises(compiler.UserInputError, match="quantize"):
+        compiler.generate("llama", "xnnpack", check=True, quantize="8da4w")

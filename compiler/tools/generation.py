@@ -311,6 +311,11 @@ def generate(
 
     if tokens < 1:
         raise UserInputError(f"{tokens} tokens: generate at least one", hint="e.g. tokens=32")
+    if check and options.get("quantize"):
+        raise UserInputError(
+            f"the generation check compares with the float eager model, not one quantized by {options['quantize']!r}",
+            stage="quantize", hint="check the float program, or compile the quantized one without the check",
+        )
     text = model if isinstance(model, llm.TextModel) else llm.text_model(model, max_cache_len=max_cache_len)
     backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*text.constant_methods, *options.pop("emit_constant_methods", ()))
