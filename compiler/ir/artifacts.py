@@ -61,7 +61,7 @@ class _ExportedArtifact:
 
 
 # What every Edge artifact holds to, whatever stage made it.
-_EDGE_INVARIANTS = (inv.program_validates, inv.edge_ops_only, inv.constants_listed_once)
+_EDGE_INVARIANTS = (inv.program_validates, inv.edge_ops_only, inv.constants_listed_once, inv.dynamic_sizes_kept)
 
 
 @attrs.frozen
@@ -77,6 +77,7 @@ class AtenProgram(_ExportedArtifact):
         inv.constants_listed_once,
         inv.constants_own_their_bytes,
         inv.constants_row_major,
+        inv.dynamic_sizes_kept,
     )
 
 

@@ -14,6 +14,7 @@ import attrs
 import torch
 from torch.export.graph_signature import InputKind
 
+from compiler.ir import dynamic
 from compiler.ir.convexity import reentries
 from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
 from compiler.ir.errors import VerificationError
@@ -108,6 +109,18 @@ def constants_not_written(artifact) -> Violation | None:
     return _violation_if_any(
         written, "lifted constants are written in place (a constant's write would outlive the call)"
     )
+
+
+@invariant(
+    "something took a dynamic size as a number (int(size), a comparison) and fixed it for every program "
+    "sharing its shape environment; the program would run at the example's size only. Report it with the "
+    "dumped input; meanwhile compile with static shapes"
+)
+def dynamic_sizes_kept(artifact) -> Violation | None:
+    fixed = dynamic.fixed_sizes(artifact.program)
+    if not fixed:
+        return None
+    return Violation(f"a size declared dynamic was fixed: {'; '.join(fixed)}")
 
 
 @invariant("give each copy of a constant its own target (the split-constants stage does this)")
