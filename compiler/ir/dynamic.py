@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 from torch.export import ExportedProgram
 from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
+from torch.utils._sympy.numbers import int_oo
 
 # What torch says when a guard is attempted under `guards_refused` (`_ShapeEnvGuardError`).
 _GUARD_MESSAGE = re.compile(r"Guard attempted while ShapeEnv guards are frozen: (.+?)(?:\.\s|\.?$)", re.M)
@@ -36,10 +37,15 @@ def _input_sizes(program: ExportedProgram) -> Iterator[tuple[str, int, torch.Sym
                     yield node.name, dim, size
 
 
+def _unbounded(bounds) -> bool:
+    """torch's own infinity (`int_oo`) says it is finite to sympy."""
+    return bounds.upper is int_oo or bounds.upper.is_infinite
+
+
 def _range(program: ExportedProgram, symbol: str) -> str:
     for key, bounds in program.range_constraints.items():
         if str(key) == symbol:
-            upper = "" if bounds.upper.is_infinite else str(bounds.upper)
+            upper = "" if _unbounded(bounds) else str(bounds.upper)
             return f"{bounds.lower}..{upper}"
     return "?"
 
@@ -70,6 +76,18 @@ def fixed_sizes(program: ExportedProgram) -> list[str]:
     ]
     fixed += [f"the range of {key} is {bounds}" for key, bounds in program.range_constraints.items() if key.is_number]
     return fixed
+
+
+def unbounded_sizes(program: ExportedProgram) -> list[str]:
+    """The user inputs' dynamic sizes without an upper bound, described. ExecuTorch plans each
+    tensor's memory at its size's upper bound, and at the example's size where there is none
+    (`eval_upper_bound`), so such a program refuses any longer input."""
+    bounds = {str(key): value for key, value in program.range_constraints.items()}
+    return [
+        describe(program, symbol)
+        for symbol in dict.fromkeys(str(size.node._expr) for _, _, size in _input_sizes(program))
+        if symbol in bounds and _unbounded(bounds[symbol])
+    ]
 
 
 def _shape_env(program: ExportedProgram):

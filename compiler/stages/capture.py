@@ -78,8 +78,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
+from compiler.ir import dynamic
 from compiler.ir.artifacts import AtenProgram, EagerModel
-from compiler.ir.errors import CaptureError
+from compiler.ir.errors import CaptureError, UserInputError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.stages.base import Stage, StageContext
@@ -383,6 +384,18 @@ def _capture_error(model: EagerModel, exc: Exception) -> CaptureError:
     )
 
 
+def _refuse_unbounded_sizes(program) -> None:
+    unbounded = dynamic.unbounded_sizes(program)
+    if unbounded:
+        raise UserInputError(
+            f"the dynamic size {', '.join(unbounded)} has no upper bound: ExecuTorch plans each tensor's memory "
+            "for its largest size, and without a bound for the example's, so the program would refuse any "
+            "longer input",
+            stage="capture",
+            hint="give each dynamic dimension a maximum in dynamic_shapes, e.g. torch.export.Dim('seq', min=2, max=512)",
+        )
+
+
 class Capture(Stage, takes=EagerModel, returns=AtenProgram):
     def apply(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
         try:
@@ -395,6 +408,7 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
                 )
         except Exception as exc:
             raise _capture_error(model, exc) from exc
+        _refuse_unbounded_sizes(program)
         return_types_as_tuples(program)
         buffers = mutated_constants_as_buffers(program)
         if buffers:

@@ -9,7 +9,7 @@ import torch
 import compiler
 from compiler.ir import invariants as inv
 from compiler.ir.artifacts import AtenProgram
-from compiler.ir.errors import VerificationError
+from compiler.ir.errors import UserInputError, VerificationError
 from dynamic_shape_models import causal_attention, position_gather, symbolic_input_dims
 
 STAGES_WITH_PROGRAMS = ("capture", "fold", "dry_run", "decompose", "partition", "split_constants", "lower")
@@ -43,3 +43,14 @@ def test_a_fixed_size_fails_the_invariant_naming_the_dimension():
     with pytest.raises(VerificationError) as error:
         inv.dynamic_sizes_kept.verify(AtenProgram(program), stage="dry_run")
     assert "ids's dim 1" in str(error.value) and "now 8" in str(error.value)
+
+
+def test_a_dynamic_size_without_a_maximum_is_refused_at_capture():
+    """ExecuTorch plans each tensor's memory at its size's upper bound, and at the example's size
+    when there is none: such a program refuses longer inputs (set_inputs() error 0x10)."""
+    model, inputs, _ = causal_attention()
+    with pytest.raises(UserInputError) as error:
+        compiler.compile(model, inputs, "portable", dynamic_shapes=({1: torch.export.Dim("seq", min=2)},))
+    assert error.value.stage == "capture"
+    assert "ids's dim 1" in error.value.reason and "no upper bound" in error.value.reason
+    assert "max=" in error.value.hint
