@@ -7,8 +7,10 @@ random weights) and backend it runs the generation job (`compiler.generate(..., 
 the `.pte` with TextLLMRunner's metadata methods and its tokenizer, greedy generation of
 `--tokens` tokens (through TextLLMRunner on portable and XNNPACK, the reference executor on
 Core ML and MLX) compared token by token with eager, the worst logit error over every call,
-and on XNNPACK the runner's prefill and decode milliseconds per token (medians of three
-generations; its stats count whole milliseconds). Cells merge by key into
+and on XNNPACK the runner's prefill and decode milliseconds per token (its `prefill` and
+`generate` timed here, medians of three rounds; on 2 shared cores, so a guide, not a
+measurement of a device), also for a program whose calls take any
+number of tokens (`dynamic_prefill`: the runner prefills the prompt in one call). Cells merge by key into
 benchmarks/results/generation.json; the table between the README's `generation-table` markers
 is rendered from every cell held (tests/test_generation.py checks it is the committed results').
 Light to import: torch loads only when it measures.
@@ -26,16 +28,26 @@ from compiler.tools import readme
 
 SECTION = "generation-table"
 MODELS = ("llama", "qwen3", "gemma")
-BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
+# Each column: the backend and the job's options (on XNNPACK also a program whose calls take the whole
+# prompt, which the runner prefills in one call).
+ONE_CALL = "xnnpack, prompt in one call"
+BACKENDS = {
+    "portable": ("portable", {}),
+    "xnnpack": ("xnnpack", {}),
+    ONE_CALL: ("xnnpack", {"dynamic_prefill": True}),
+    "coreml": ("coreml", {}),
+    "mlx": ("mlx", {}),
+}
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "generation.json")
 
 
-def measure(model: str, backend: str, tokens: int) -> dict:
+def measure(model: str, column: str, tokens: int) -> dict:
     import compiler
 
+    backend, options = BACKENDS[column]
     start = time.perf_counter()
     try:
-        job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64)
+        job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64, **options)
     except compiler.CompileError as error:
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
     return {**job.check.to_json(), "seconds": time.perf_counter() - start}
@@ -65,7 +77,7 @@ def table(results: dict) -> str:
                 lines.append(f"| {model} | {backend} | fails: {cell['error'][:80]} | | | | | |")
                 continue
             metadata = len(cell["methods"]) - 1
-            on_xnnpack = backend == "xnnpack"
+            on_xnnpack = BACKENDS[backend][0] == "xnnpack"
             lines.append(
                 f"| {model} | {backend} | forward + {metadata} metadata | {_tokens(cell)} | {cell['runner']} "
                 f"| {cell['worst_logit_error']:.1e} ({cell['tolerance']:.0e}) "
@@ -78,7 +90,7 @@ def table(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
+    parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--json", default=RESULTS, help=f"merge the cells into this file (default: {RESULTS})")
     parser.add_argument("--doc", default="README.md", help="write the table between its generation-table markers")

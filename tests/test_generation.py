@@ -158,3 +158,13 @@ def test_a_prompt_outside_the_vocabulary_or_the_cache_is_a_named_error(llama):
 def test_a_quantized_check_is_refused_before_compiling():
     with pytest.raises(compiler.UserInputError, match="quantize"):
         compiler.generate("llama", "xnnpack", check=True, quantize="8da4w")
+
+
+@pytest.mark.parametrize("backend", ["portable", pytest.param("xnnpack", marks=pytest.mark.slow)])
+def test_with_dynamic_prefill_the_runner_prefills_the_prompt_in_one_call(backend):
+    job = compiler.generate("llama", backend, tokens=4, check=True, max_cache_len=16, dynamic_prefill=True)
+    assert "enable_dynamic_shape=true" in job.model.constant_methods
+    eager = generation.eager_greedy(job.model, job.check.prompt, 4)
+    assert eager.calls[0] == (job.check.prompt, 0) and len(eager.calls) == 4
+    assert job.check.runner == generation.RUNNER
+    assert job.check.passed, job.check.describe()

@@ -27,6 +27,11 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
         "--prompt", help="the prompt, in the generated tokenizer's pieces t0 .. t<vocab-1> separated by spaces "
         "(default: eight tokens)",
     )
+    command.add_argument(
+        "--dynamic-prefill", action="store_true",
+        help="calls take any number of tokens (enable_dynamic_shape): the runner prefills the prompt in one call, "
+        "not token by token",
+    )
     command.add_argument("-o", "--output-dir", metavar="DIR", help="write <model>.pte and tokenizer.json here")
     command.add_argument(
         "--check", action="store_true",
@@ -46,7 +51,8 @@ def run(args: argparse.Namespace, terminal) -> int:
     prompt = {"prompt": args.prompt} if args.prompt else {}
     job = generation.generate(
         args.model, args.backend, tokens=args.tokens, output_dir=output, check=args.check,
-        max_cache_len=args.max_cache_len, tolerance=args.tolerance, instruments=instruments, **prompt,
+        max_cache_len=args.max_cache_len, tolerance=args.tolerance, dynamic_prefill=args.dynamic_prefill,
+        instruments=instruments, **prompt,
     )
     terminal.table(*job.result.report.stage_rows())
     if job.pte_path:

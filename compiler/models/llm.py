@@ -63,23 +63,36 @@ class TextModel:
 
     name: str
     hf_model: Any  # the transformers model (eager `generate` is its reference)
-    step: DecoderStep  # forward(tokens[1, 1], input_pos[1]) -> logits[1, 1, vocab]; holds the KV cache
+    step: DecoderStep  # forward(tokens[1, seq], input_pos[seq]) -> logits[1, seq, vocab]; holds the KV cache
     vocab: int
     max_cache_len: int
     bos: int
     eos: tuple[int, ...]
     pad: int | None
     initial_state: dict[str, torch.Tensor]  # the step's buffers as built: the cache before any token
+    # Whether a call takes any number of tokens (the runner then prefills a prompt in one call),
+    # else one (it prefills token by token).
+    dynamic_prefill: bool = False
 
     @property
     def example_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dynamic_prefill:  # two tokens: an example of one would fix the sequence at 1
+            return torch.tensor([[self.bos, self.bos]]), torch.tensor([0, 1])
         return torch.tensor([[self.bos]]), torch.tensor([0])
+
+    @property
+    def dynamic_shapes(self) -> tuple[dict, dict] | None:
+        """The tokens' and positions' shared sequence length, up to the whole cache, with dynamic prefill."""
+        if not self.dynamic_prefill:
+            return None
+        seq = torch.export.Dim("seq", min=1, max=self.max_cache_len)
+        return {1: seq}, {0: seq}
 
     @property
     def constant_methods(self) -> tuple[str, ...]:
         """The metadata `TextLLMRunner` reads (llm_runner_helper.cpp), as emit_constant_methods.
-        One token per call (no dynamic sequence): the runner prefills a prompt token by token,
-        and a call's sequence and the whole context are both bounded by the cache."""
+        A call's sequence and the whole context are both bounded by the cache (a shorter
+        get_max_seq_len would make the runner treat the cache as a sliding window)."""
         return (
             f"get_max_seq_len={self.max_cache_len}",
             f"get_max_context_len={self.max_cache_len}",
@@ -87,7 +100,7 @@ class TextModel:
             f"get_bos_id={self.bos}",
             "get_eos_ids=" + ",".join(map(str, self.eos)) + ("," if len(self.eos) == 1 else ""),
             "use_kv_cache=true",
-            "enable_dynamic_shape=false",
+            f"enable_dynamic_shape={str(self.dynamic_prefill).lower()}",
             "use_sdpa_with_kv_cache=false",
         )
 
@@ -116,7 +129,9 @@ def _special(value: Any) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
-def text_model(model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int = 0) -> TextModel:
+def text_model(
+    model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int = 0, dynamic_prefill: bool = False
+) -> TextModel:
     """`model`: a built-in name (llama, qwen3, gemma: tiny, random weights drawn with `seed`), a local
     `save_pretrained` folder, or a transformers `*ForCausalLM`."""
     try:
@@ -165,6 +180,7 @@ def text_model(model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int 
     initial = {name: buffer.clone() for name, buffer in step.named_buffers()}
     return TextModel(
         name, hf_model, step, config.vocab_size, max_cache_len, bos[0], eos, config.pad_token_id, initial,
+        dynamic_prefill,
     )
 
 

@@ -20,6 +20,7 @@ import os
 import pathlib
 import statistics
 import tempfile
+import time
 from typing import Any, Sequence
 
 import attrs
@@ -55,26 +56,34 @@ def prompt_tokens(model: llm.TextModel, prompt: str) -> list[int]:
 @attrs.frozen
 class EagerGeneration:
     tokens: list[int]  # the generated tokens, EOS included when it came
-    calls: list[tuple[int, int]]  # (token, position) of each decoder call: the prompt, then the generated tokens
-    logits: list[torch.Tensor]  # each call's logits, [vocab]
+    calls: list[tuple[tuple[int, ...], int]]  # each decoder call's tokens and first position, as the runner makes them
+    logits: list[torch.Tensor]  # each call's logits, [seq, vocab]
+
+
+def _call(step: torch.nn.Module, tokens: Sequence[int], start: int) -> torch.Tensor:
+    return step(torch.tensor([list(tokens)]), torch.arange(start, start + len(tokens)))
 
 
 def eager_greedy(model: llm.TextModel, prompt: Sequence[int], steps: int) -> EagerGeneration:
-    """Greedy decoding through the eager decoder step, one token per call as the runner prefills."""
+    """Greedy decoding through the eager decoder step, called as the runner calls the program: the
+    prompt in one call with dynamic prefill, else token by token; then each generated token."""
     model.reset()
+    if model.dynamic_prefill:
+        calls = [(tuple(prompt), 0)]
+    else:
+        calls = [((token,), position) for position, token in enumerate(prompt)]
     tokens: list[int] = []
-    calls = [(token, position) for position, token in enumerate(prompt)]
     logits = []
     with torch.no_grad():
         index = 0
         while index < len(calls):
-            token, position = calls[index]
-            logits.append(model.step(torch.tensor([[token]]), torch.tensor([position]))[0, -1].clone())
+            logits.append(_call(model.step, *calls[index])[0].clone())
             index += 1
-            if index >= len(prompt):
-                tokens.append(int(logits[-1].argmax()))
-                if len(tokens) < steps and tokens[-1] not in model.eos:
-                    calls.append((tokens[-1], position + 1))
+            if index < len(calls) and not tokens:
+                continue  # still in the prompt
+            tokens.append(int(logits[-1][-1].argmax()))
+            if len(tokens) < steps and tokens[-1] not in model.eos:
+                calls.append(((tokens[-1],), len(prompt) + len(tokens) - 1))
     model.reset()
     return EagerGeneration(tokens, calls, logits)
 
@@ -98,7 +107,7 @@ class GenerationCheck:
     worst_call: int
     tolerance: Tolerance
     methods: tuple[str, ...]  # the .pte's methods
-    prefill_ms_per_token: float | None = None  # under TextLLMRunner (its stats are whole milliseconds)
+    prefill_ms_per_token: float | None = None  # under TextLLMRunner
     decode_ms_per_token: float | None = None
 
     @property
@@ -181,45 +190,51 @@ def _tolerance(loaded, largest: float) -> Tolerance:
     return Tolerance.for_precision(str(dtype).removeprefix("torch.") if dtype is not None else "float32", largest)
 
 
-def _runner_generation(pte_path: str, tokenizer_path: str, model: llm.TextModel, prompt: str, steps: int, repeats: int):
-    """Greedy tokens from TextLLMRunner and its prefill and decode milliseconds per token (medians of
-    `repeats` generations: its stats count whole milliseconds)."""
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
-    from compiler.process.dependency_output import DependencyOutput
-
+def _runner_tokens(pieces: list[str], model: llm.TextModel) -> list[int]:
+    """The runner's token callback strings back to ids (each is one piece of the generated tokenizer)."""
     ids = {name: token for token, name in llm.special_names(model).items()}
-    config = GenerationConfig(echo=False, max_new_tokens=steps, temperature=0.0, num_bos=1)
-    runs: list[tuple[list[str], Any]] = []
-    with DependencyOutput():  # the runner prints each token and its stats from C++
-        runner = TextLLMRunner(pte_path, tokenizer_path)
-        for _ in range(repeats):
-            pieces: list[str] = []
-            stats: list[Any] = []
-            try:
-                runner.generate(prompt, config, pieces.append, stats.append)
-            except RuntimeError as exc:
-                raise CompileError(
-                    f"TextLLMRunner failed to generate from the program: {exc}",
-                    hint="run it with -v to see what the runner logged",
-                ) from exc
-            runs.append((pieces, stats[-1]))
-            runner.reset()
     tokens = []
-    for text in runs[0][0]:
+    for text in pieces:
         if text in ids:
             tokens.append(ids[text])
         elif text.startswith("t") and text[1:].isdigit():
             tokens.append(int(text[1:]))
         else:
             raise CompileError(f"TextLLMRunner returned {text!r}, which is no piece of the generated tokenizer")
-    prefill = statistics.median(
-        (s.prompt_eval_end_ms - s.inference_start_ms) / max(s.num_prompt_tokens, 1) for _, s in runs
-    )
-    decode = statistics.median(
-        (s.inference_end_ms - s.prompt_eval_end_ms) / max(s.num_generated_tokens, 1) for _, s in runs
-    )
-    return tokens, prefill, decode
+    return tokens
+
+
+def _runner_generation(pte_path: str, tokenizer_path: str, model: llm.TextModel, prompt: str, steps: int, repeats: int):
+    """Greedy tokens from TextLLMRunner's `generate`, and its prefill and decode milliseconds per token:
+    medians of `repeats` rounds of `prefill` then `generate` from there, timed here (its own stats
+    count whole milliseconds, and a tiny model's prompt takes less than one)."""
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    from compiler.process.dependency_output import DependencyOutput
+
+    config = GenerationConfig(echo=False, max_new_tokens=steps, temperature=0.0, num_bos=1)
+    prompt_length = len(prompt_tokens(model, prompt))
+    prefill, decode = [], []
+    with DependencyOutput():  # the runner prints each token and its stats from C++
+        try:
+            runner = TextLLMRunner(pte_path, tokenizer_path)
+            pieces: list[str] = []
+            runner.generate(prompt, config, pieces.append)
+            for _ in range(repeats):
+                runner.reset()
+                stats: list[Any] = []
+                start = time.perf_counter()
+                runner.prefill(prompt, config)
+                prefilled = time.perf_counter()
+                runner.generate("", config, None, stats.append)
+                prefill.append((prefilled - start) * 1e3 / prompt_length)
+                decode.append((time.perf_counter() - prefilled) * 1e3 / max(stats[-1].num_generated_tokens, 1))
+        except RuntimeError as exc:
+            raise CompileError(
+                f"TextLLMRunner failed to generate from the program: {exc}",
+                hint="run it with -v to see what the runner logged",
+            ) from exc
+    return _runner_tokens(pieces, model), statistics.median(prefill), statistics.median(decode)
 
 
 def check_generation(
@@ -251,13 +266,13 @@ def check_generation(
     model.reset()  # the program starts from the state it was compiled with, the eager model from its own
     errors, program_argmax = [], []
     largest = 0.0
-    for (token, position), want in zip(eager.calls, eager.logits):
-        (got,) = loaded([torch.tensor([[token]]), torch.tensor([position])])
-        got = got[0, -1].to(torch.float64)
+    for (tokens, start), want in zip(eager.calls, eager.logits):
+        (got,) = loaded([torch.tensor([list(tokens)]), torch.arange(start, start + len(tokens))])
+        got = got[0].to(torch.float64)
         errors.append((got - want.double()).abs().max().item())
         largest = max(largest, want.abs().max().item())
-        program_argmax.append(int(got.argmax()))
-    first_generating = len(prompt_ids) - 1
+        program_argmax.append(int(got[-1].argmax()))
+    first_generating = len(eager.calls) - len(eager.tokens)
     prefill_ms = decode_ms = None
     if _runs_here(pte):
         runner = RUNNER
@@ -301,12 +316,13 @@ class GenerationJob:
 def generate(
     model: Any, backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None,
     check: bool = False, prompt: str = DEFAULT_PROMPT, max_cache_len: int = 64, tolerance: float | None = None,
-    backend_options: dict | None = None, **options: Any,
+    dynamic_prefill: bool = False, backend_options: dict | None = None, **options: Any,
 ) -> GenerationJob:
     """Compile a causal LM (a built-in name, a `save_pretrained` folder, a transformers model, or a
     `TextModel`) into a program TextLLMRunner runs: `<name>.pte` and `tokenizer.json` in
     `output_dir`; with `check`, greedy generation of `tokens` tokens checked against eager.
-    `options` are compile's (quantize, ...)."""
+    `dynamic_prefill`: calls take any number of tokens, so the runner prefills the prompt in one.
+    `options` are compile's."""
     from compiler import api
 
     if tokens < 1:
@@ -316,13 +332,16 @@ def generate(
             f"the generation check compares with the float eager model, not one quantized by {options['quantize']!r}",
             stage="quantize", hint="check the float program, or compile the quantized one without the check",
         )
-    text = model if isinstance(model, llm.TextModel) else llm.text_model(model, max_cache_len=max_cache_len)
+    text = (
+        model if isinstance(model, llm.TextModel)
+        else llm.text_model(model, max_cache_len=max_cache_len, dynamic_prefill=dynamic_prefill)
+    )
     backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*text.constant_methods, *options.pop("emit_constant_methods", ()))
     text.reset()
     result = api.compile(
         text.step, text.example_inputs, backend, backend_options=backend_options or None,
-        emit_constant_methods=constant, **options,
+        dynamic_shapes=text.dynamic_shapes, emit_constant_methods=constant, **options,
     )
     pte_path = tokenizer_path = None
     if output_dir is not None:
