@@ -49,3 +49,14 @@ def test_constant_methods_are_an_option_with_a_flag_and_recorded_in_the_configur
     assert spec.flag == "--emit-constant-methods" and spec.repeated
     chosen = config.CompileConfig().with_options({"emit_constant_methods": ("get_max_seq_len=8",)})
     assert config.CompileConfig.from_json(chosen.to_json()) == chosen
+
+
+def test_a_resumed_run_emits_the_recorded_constant_methods(small_model, tmp_path):
+    model, inputs = small_model
+    compiler.compile(
+        model, inputs, "portable", stop_after="lower", dump_dir=str(tmp_path), emit_constant_methods=("get_bos_id=2",)
+    )
+    (stage_file,) = tmp_path.glob("*-lower.stage")
+    resumed = compiler.compile(None, resume_from=str(stage_file))
+    program = Runtime.get().load_program(resumed.pte)
+    assert program.load_method("get_bos_id").execute([]) == [2]
