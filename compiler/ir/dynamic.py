@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
 from torch.utils._sympy.numbers import int_oo
 
@@ -26,15 +27,20 @@ _SYMBOL = re.compile(r"\bs\d+\b")
 GuardRefused = _ShapeEnvGuardError
 
 
-def _input_sizes(program: ExportedProgram) -> Iterator[tuple[str, int, torch.SymInt]]:
-    """(input name, dimension, size) of each symbolic size of the program's user inputs."""
-    names = set(program.graph_signature.user_inputs)
-    for node in program.graph.nodes:
+def _placeholder_sizes(graph: torch.fx.Graph) -> Iterator[tuple[str, int, torch.SymInt]]:
+    """(placeholder name, dimension, size) of each symbolic size of a graph's inputs."""
+    for node in graph.nodes:
         value = node.meta.get("val")
-        if node.op == "placeholder" and node.name in names and isinstance(value, torch.Tensor):
+        if node.op == "placeholder" and isinstance(value, torch.Tensor):
             for dim, size in enumerate(value.shape):
                 if isinstance(size, torch.SymInt):
                     yield node.name, dim, size
+
+
+def _input_sizes(program: ExportedProgram) -> Iterator[tuple[str, int, torch.SymInt]]:
+    """(input name, dimension, size) of each symbolic size of the program's user inputs."""
+    names = set(program.graph_signature.user_inputs)
+    return (found for found in _placeholder_sizes(program.graph) if found[0] in names)
 
 
 def _unbounded(bounds) -> bool:
@@ -42,21 +48,34 @@ def _unbounded(bounds) -> bool:
     return bounds.upper is int_oo or bounds.upper.is_infinite
 
 
-def _range(program: ExportedProgram, symbol: str) -> str:
-    for key, bounds in program.range_constraints.items():
-        if str(key) == symbol:
-            upper = "" if _unbounded(bounds) else str(bounds.upper)
-            return f"{bounds.lower}..{upper}"
-    return "?"
+def _range(bounds) -> str:
+    if bounds is None:
+        return "?"
+    return f"{bounds.lower}..{'' if _unbounded(bounds) else bounds.upper}"
 
 
-def describe(program: ExportedProgram, symbol: str) -> str:
+def describe(graph: torch.fx.Graph, symbol: str) -> str:
     """`s70` as a user reads it: `input_ids's dim 1 (s70, 2..32)`, or the symbol and its range
-    when no input size is the symbol itself (a size computed from it)."""
-    where = next(
-        (f"{name}'s dim {dim}" for name, dim, size in _input_sizes(program) if str(size.node._expr) == symbol), None
-    )
-    return f"{where} ({symbol}, {_range(program, symbol)})" if where else f"the dynamic size {symbol} ({_range(program, symbol)})"
+    when no input size is the symbol itself."""
+    sizes = list(_placeholder_sizes(graph))
+    where = next((f"{name}'s dim {dim}" for name, dim, size in sizes if str(size.node._expr) == symbol), None)
+    ranges = sizes[0][2].node.shape_env.var_to_range if sizes else {}
+    bounds = _range(next((r for s, r in ranges.items() if str(s) == symbol), None))
+    return f"{where} ({symbol}, {bounds})" if where else f"the dynamic size {symbol} ({bounds})"
+
+
+def describe_sizes(graph: torch.fx.Graph, symbols) -> str:
+    return ", ".join(describe(graph, symbol) for symbol in symbols)
+
+
+def symbols_read(node: torch.fx.Node) -> list[str]:
+    """The dynamic-size symbols in `node`'s arguments (a size read from `sym_size`, `2*s27`)."""
+    found = set()
+    for arg in pytree.tree_leaves((node.args, node.kwargs)):
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, torch.SymInt):
+            found |= {str(s) for s in value.node.expr.free_symbols}
+    return sorted(found)
 
 
 def symbols_in(text: str) -> list[str]:
@@ -84,7 +103,7 @@ def unbounded_sizes(program: ExportedProgram) -> list[str]:
     (`eval_upper_bound`), so such a program refuses any longer input."""
     bounds = {str(key): value for key, value in program.range_constraints.items()}
     return [
-        describe(program, symbol)
+        describe(program.graph, symbol)
         for symbol in dict.fromkeys(str(size.node._expr) for _, _, size in _input_sizes(program))
         if symbol in bounds and _unbounded(bounds[symbol])
     ]

@@ -82,15 +82,30 @@ def _constant(value) -> object:
     return None
 
 
-def read_model(payload: bytes) -> CoreMLModel:
-    """Unpack one Core ML delegate payload and read its MIL program."""
+def _spec(payload: bytes):
+    """The model specification (protobuf) of one Core ML delegate payload."""
     import coremltools as ct
     from executorch.backends.apple.coreml import executorchcoreml
 
     with tempfile.TemporaryDirectory() as folder:
         executorchcoreml.unflatten_directory_contents(payload, folder)
         package = next(pathlib.Path(folder).rglob("*.mlpackage"))
-        spec = ct.utils.load_spec(str(package))
+        return ct.utils.load_spec(str(package))
+
+
+def input_size_ranges(payload: bytes) -> dict[str, list[tuple[int, int]]]:
+    """Input name -> (lower, upper) of each dimension, for the inputs the payload declares with a
+    range of sizes (coremltools' RangeDim; an upper bound of -1 is none)."""
+    return {
+        i.name: [(r.lowerBound, r.upperBound) for r in i.type.multiArrayType.shapeRange.sizeRanges]
+        for i in _spec(payload).description.input
+        if i.type.multiArrayType.shapeRange.sizeRanges
+    }
+
+
+def read_model(payload: bytes) -> CoreMLModel:
+    """Unpack one Core ML delegate payload and read its MIL program."""
+    spec = _spec(payload)
     function = spec.mlProgram.functions["main"]
     block = function.block_specializations[function.opset]
     ops = []

@@ -26,6 +26,7 @@ from coremltools.converters.mil.frontend.torch.utils import TORCH_DTYPE_TO_NUM
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from compiler.backends.coreml import fixes
+from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.private_api import (
     aten_overload,
@@ -584,9 +585,12 @@ def reads_size_expression(node: torch.fx.Node, inside: Collection[torch.fx.Node]
     for source in node.all_input_nodes:
         sizes = [] if source in inside else size_expressions(source)
         if sizes:
+            dims = sorted({str(s) for v in tensor_values(source) for d in v.shape if isinstance(d, torch.SymInt)
+                           for s in d.node.expr.free_symbols if not free_unbacked_symbols(d)})
+            made_of = f" (of the dynamic size {dynamic.describe_sizes(node.graph, dims)})" if dims else ""
             return (
                 f"Core ML names each input size by one symbol, and this op reads {source.name} sized "
-                f"{sizes[0]} from outside its Core ML partition (stock: 'Core ML does not support size "
+                f"{sizes[0]}{made_of} from outside its Core ML partition (stock: 'Core ML does not support size "
                 "variables that are expressions of symbolic variables')"
             )
     return None

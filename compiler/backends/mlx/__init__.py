@@ -57,7 +57,7 @@ def _refusal(program: ExportedProgram, why: str) -> str:
     symbols = dynamic.symbols_in(why)
     if not symbols:
         return f"MLX's partitioner refused it: {line}"
-    sizes = ", ".join(dynamic.describe(program, s) for s in symbols)
+    sizes = dynamic.describe_sizes(program.graph, symbols)
     return (
         f"MLX's {line.split(' refused ')[0]} takes the dynamic size {sizes} as a number, which would fix "
         "it at the example's size for the whole program; on the CPU it stays dynamic"

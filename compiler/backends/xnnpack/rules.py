@@ -56,6 +56,7 @@ from executorch.backends.xnnpack.utils.quant_utils import (
 )
 
 from compiler.backends.node_rules import NodeRule, first_refusal
+from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import lift_constant
@@ -479,8 +480,22 @@ def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
     )
 
 
+def reads_a_dynamic_size(node: torch.fx.Node) -> Optional[str]:
+    """XNNPACK's operators take their sizes as numbers fixed when the delegate is built (a view's
+    target shape may infer one -1). Stock's configs refuse every argument that is not a tensor,
+    and say 'invalid dtype' of a size read from `sym_size`: this names the dimension instead."""
+    symbols = dynamic.symbols_read(node)
+    if not symbols:
+        return None
+    return (
+        f"XNNPACK takes the sizes an op is given as numbers fixed at compile time, and this op is given "
+        f"the dynamic size {dynamic.describe_sizes(node.graph, symbols)}"
+    )
+
+
 # Every rule: node -> None when stock's config may take it, else the reason it may not.
 REFUSALS: tuple[NodeRule, ...] = (
+    reads_a_dynamic_size,
     addmm_scaled,
     max_dim_stock_cannot_pool,
     nhwc_op_not_4d,
