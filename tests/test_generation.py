@@ -168,3 +168,16 @@ def test_with_dynamic_prefill_the_runner_prefills_the_prompt_in_one_call(backend
     assert eager.calls[0] == (job.check.prompt, 0) and len(eager.calls) == 4
     assert job.check.runner == generation.RUNNER
     assert job.check.passed, job.check.describe()
+
+
+def test_a_transformers_config_gets_random_weights(tmp_path):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=32, bos_token_id=1, eos_token_id=2,
+    )
+    job = compiler.generate(config, "portable", tokens=3, check=True, max_cache_len=16, prompt="t10",
+                            output_dir=tmp_path)
+    assert job.model.vocab == 48 and (tmp_path / "llama.pte").is_file()
+    assert job.check.passed, job.check.describe()

@@ -133,9 +133,9 @@ def text_model(
     model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int = 0, dynamic_prefill: bool = False
 ) -> TextModel:
     """`model`: a built-in name (llama, qwen3, gemma: tiny, random weights drawn with `seed`), a local
-    `save_pretrained` folder, or a transformers `*ForCausalLM`."""
+    `save_pretrained` folder, a transformers config (random weights drawn with `seed`) or `*ForCausalLM`."""
     try:
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, PretrainedConfig
         from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
     except ImportError as exc:
         raise UserInputError(
@@ -152,10 +152,15 @@ def text_model(
             name, hf_model = os.path.basename(os.path.normpath(model)), _from_folder(os.fspath(model))
         elif isinstance(model, torch.nn.Module) and hasattr(model, "generation_config"):
             name, hf_model = type(model).__name__, model
+        elif isinstance(model, PretrainedConfig):
+            from transformers import AutoModelForCausalLM
+
+            name, hf_model = model.model_type, AutoModelForCausalLM.from_config(model)
         else:
             raise UserInputError(
                 f"{model!r} is neither a built-in language model nor a save_pretrained folder",
-                hint=f"give one of {', '.join(BUILT_IN)}, a folder holding config.json, or a transformers *ForCausalLM",
+                hint=f"give one of {', '.join(BUILT_IN)}, a folder holding config.json, a transformers config or "
+                "*ForCausalLM",
             )
     hf_model.eval()
     config = hf_model.config.get_text_config()
