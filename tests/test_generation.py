@@ -77,7 +77,7 @@ class Favouring(torch.nn.Module):
         return logits + raised * (cache_position[0] >= self.from_position)
 
 
-def test_a_wrong_program_is_caught_at_the_step_it_differs(llama, tmp_path):
+def test_a_wrong_program_is_caught_at_the_step_it_differs(llama):
     steps, differs_at = 5, 2
     prompt = generation.prompt_tokens(llama, generation.DEFAULT_PROMPT)
     eager = generation.eager_greedy(llama, prompt, steps)
@@ -86,7 +86,7 @@ def test_a_wrong_program_is_caught_at_the_step_it_differs(llama, tmp_path):
     # Generated token i comes from the call at position len(prompt) - 1 + i (the prompt holds BOS).
     wrong = Favouring(llama.step, favoured, len(prompt) - 1 + differs_at)
     program = compiler.compile(wrong, llama.example_inputs, "portable", emit_constant_methods=llama.constant_methods)
-    check = generation.check_generation(program, llama, "portable", steps, workdir=tmp_path)
+    check = generation.check_generation(program, llama, "portable", steps)
     assert not check.passed
     assert check.first_difference == differs_at
     assert check.program_tokens[:differs_at] == tuple(eager.tokens[:differs_at])

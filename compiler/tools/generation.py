@@ -239,11 +239,11 @@ def _runner_generation(pte_path: str, tokenizer_path: str, model: llm.TextModel,
 
 def check_generation(
     program: Any, model: llm.TextModel, backend: str, steps: int = 32, prompt: str = DEFAULT_PROMPT,
-    workdir: str | os.PathLike | None = None, tolerance: float | None = None, repeats: int = 3,
+    tolerance: float | None = None, repeats: int = 3,
 ) -> GenerationCheck:
     """Greedy generation of `steps` tokens by the program (a CompileResult, `.pte` bytes or path)
     against eager: tokens token by token, every call's logits within the tolerance (`tolerance`,
-    absolute, or the backend's). `workdir` receives the program and tokenizer files the runner reads."""
+    absolute, or the backend's); on XNNPACK and portable `repeats` timed rounds of the runner."""
     from compiler.running.runtime import LoadedProgram
 
     prompt_ids = prompt_tokens(model, prompt)
@@ -263,11 +263,10 @@ def check_generation(
         )
     pte = _pte(program)
     loaded = LoadedProgram(pte)
-    model.reset()  # the program starts from the state it was compiled with, the eager model from its own
     errors, program_argmax = [], []
     largest = 0.0
-    for (tokens, start), want in zip(eager.calls, eager.logits):
-        (got,) = loaded([torch.tensor([list(tokens)]), torch.arange(start, start + len(tokens))])
+    for (called, start), want in zip(eager.calls, eager.logits):
+        (got,) = loaded([torch.tensor([list(called)]), torch.arange(start, start + len(called))])
         got = got[0].to(torch.float64)
         errors.append((got - want.double()).abs().max().item())
         largest = max(largest, want.abs().max().item())
@@ -276,16 +275,13 @@ def check_generation(
     prefill_ms = decode_ms = None
     if _runs_here(pte):
         runner = RUNNER
-        with tempfile.TemporaryDirectory() as scratch:
-            folder = pathlib.Path(workdir or scratch)
-            folder.mkdir(parents=True, exist_ok=True)
-            pte_path, tokenizer_path = folder / "checked.pte", folder / TOKENIZER_FILE
+        with tempfile.TemporaryDirectory() as scratch:  # the runner reads files
+            pte_path, tokenizer_path = pathlib.Path(scratch, "checked.pte"), pathlib.Path(scratch, TOKENIZER_FILE)
             pte_path.write_bytes(pte)
             llm.tokenizer(model).save(str(tokenizer_path))
             tokens, prefill_ms, decode_ms = _runner_generation(
                 str(pte_path), str(tokenizer_path), model, prompt, steps, repeats
             )
-            pte_path.unlink()
     else:
         # Fed eager's tokens, the program's argmax at each step is its own greedy token up to the first
         # difference; one token past it says what it generated there.
@@ -352,7 +348,7 @@ def generate(
         llm.tokenizer(text).save(str(tokenizer_path))
         logger.info("wrote %s and %s", pte_path, tokenizer_path)
     checked = (
-        check_generation(result, text, backend, tokens, prompt, workdir=output_dir, tolerance=tolerance)
+        check_generation(result, text, backend, tokens, prompt, tolerance=tolerance)
         if check else None
     )
     return GenerationJob(text, result, pte_path, tokenizer_path, checked)
