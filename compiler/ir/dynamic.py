@@ -55,11 +55,18 @@ def _range(bounds) -> str:
     return f"{bounds.lower}..{'' if _unbounded(bounds) else bounds.upper}"
 
 
+def where_is(graph: torch.fx.Graph, symbol: str) -> str | None:
+    """`input_ids's dim 1`: the first input size that is `symbol` itself, or None."""
+    return next(
+        (f"{name}'s dim {dim}" for name, dim, size in _placeholder_sizes(graph) if str(size.node._expr) == symbol), None
+    )
+
+
 def describe(graph: torch.fx.Graph, symbol: str) -> str:
     """`s70` as a user reads it: `input_ids's dim 1 (s70, 2..32)`, or the symbol and its range
     when no input size is the symbol itself."""
     sizes = list(_placeholder_sizes(graph))
-    where = next((f"{name}'s dim {dim}" for name, dim, size in sizes if str(size.node._expr) == symbol), None)
+    where = where_is(graph, symbol)
     ranges = sizes[0][2].node.shape_env.var_to_range if sizes else {}
     bounds = _range(next((r for s, r in ranges.items() if str(s) == symbol), None))
     return f"{where} ({symbol}, {bounds})" if where else f"the dynamic size {symbol} ({bounds})"
@@ -87,15 +94,14 @@ def symbols_in(text: str) -> list[str]:
 
 
 def fixed_sizes(program: ExportedProgram) -> list[str]:
-    """The declared dynamic sizes something fixed at a number: a symbol its shape environment
-    now replaces by a number, or a range constraint that is one number."""
-    fixed = [
+    """The user inputs' dynamic sizes something fixed at a number: a symbol the shared shape
+    environment now replaces by one. (A one-number range alone says nothing: `torch._check`
+    may fix a data-dependent size.)"""
+    return [
         f"{name}'s dim {dim} ({size.node._expr}) is now {size.node.expr}"
         for name, dim, size in _input_sizes(program)
         if size.node.expr.is_number and not size.node._expr.is_number
     ]
-    fixed += [f"the range of {key} is {bounds}" for key, bounds in program.range_constraints.items() if key.is_number]
-    return fixed
 
 
 def unbounded_sizes(program: ExportedProgram) -> list[str]:
@@ -108,6 +114,38 @@ def unbounded_sizes(program: ExportedProgram) -> list[str]:
         for symbol in dict.fromkeys(str(size.node._expr) for _, _, size in _input_sizes(program))
         if symbol in bounds and _unbounded(bounds[symbol])
     ]
+
+
+def input_ranges(program: ExportedProgram) -> dict[str, tuple[str, int, int]]:
+    """Symbol -> (the input size it is, lower, upper bound) of each bounded dynamic size of the user
+    inputs that is an input's size itself (not an expression of others)."""
+    bounds = {str(key): value for key, value in program.range_constraints.items()}
+    found = {}
+    for _, _, size in _input_sizes(program):
+        symbol = str(size.node._expr)
+        if symbol in bounds and symbol not in found and size.node._expr.is_Symbol and not _unbounded(bounds[symbol]):
+            found[symbol] = (where_is(program.graph, symbol), int(bounds[symbol].lower), int(bounds[symbol].upper))
+    return found
+
+
+def input_shapes_at(program: ExportedProgram, values: dict[str, int]) -> list[tuple[int, ...] | None]:
+    """Each user input's shape with its dynamic sizes at `values` (symbol -> size); None for an
+    input that is not a tensor."""
+    names = set(program.graph_signature.user_inputs)
+    shapes = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in names:
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            shapes.append(None)
+            continue
+        shapes.append(tuple(
+            int(size.node._expr.xreplace({s: values.get(str(s), s) for s in size.node._expr.free_symbols}))
+            if isinstance(size, torch.SymInt) else size
+            for size in value.shape
+        ))
+    return shapes
 
 
 def _shape_env(program: ExportedProgram):
