@@ -157,10 +157,16 @@ class CheckResult:
     reference: str = "the eager model"
     quantization_error: float | None = None
     precision_error: float | None = None
+    # A program with dynamic input sizes runs at the ends of their ranges too: the sizes it ran
+    # at besides the example's, the one the errors above are from (None: the example's), and
+    # how a run at one of them failed.
+    sizes: tuple[str, ...] = ()
+    worst_at: str | None = None
+    error: str | None = None
 
     @property
     def passed(self) -> bool:
-        if self.integers_exact and self.integer_error:
+        if self.error or (self.integers_exact and self.integer_error):
             return False
         return self.max_abs_error <= self.tolerance.absolute
 
@@ -178,10 +184,13 @@ class CheckResult:
             )
             if error is not None
         )
+        sizes = f"; also at {', '.join(self.sizes)}" if self.sizes else ""
+        sizes += f" (the errors are at {self.worst_at})" if self.worst_at else ""
+        failed = f"; failed {self.error}" if self.error else ""
         return (
             f"check{against}: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
             f"max rel error {self.max_rel_error:.3g} -> {'OK' if self.passed else 'MISMATCH'} "
-            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}){besides}"
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}){besides}{sizes}{failed}"
         )
 
     def to_json(self) -> dict:
@@ -201,6 +210,9 @@ class CheckResult:
             "per_output": [{"max_abs_error": a, "max_rel_error": r} for a, r in self.output_errors],
             "quantization_error": self.quantization_error,
             "precision_error": self.precision_error,
+            "sizes": list(self.sizes),
+            "worst_at": self.worst_at,
+            "error": self.error,
         }
 
 
@@ -285,7 +297,83 @@ class _State:
         self._load(self.after)
 
 
+def _drawn_like(example: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """A tensor of `shape` with values in the example's range (token ids stay ids, a mask of ones ones)."""
+    low, high = (example.min(), example.max()) if example.numel() else (0, 1)
+    if example.dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if not example.is_floating_point():
+        return torch.randint(int(low), int(high) + 1, shape, generator=generator, dtype=example.dtype)
+    drawn = torch.rand(shape, generator=generator, dtype=torch.float32) * float(high - low) + float(low)
+    return drawn.to(example.dtype)
+
+
+def _inputs_at_range_ends(program: Any, inputs: Sequence[Any]) -> list[tuple[str, tuple]]:
+    """(what sizes, inputs) with every dynamic input size at the bottom of its declared range,
+    then at the top, for a CompileResult whose program has them; [] otherwise (a `.pte` alone
+    does not say which sizes are dynamic). New values are drawn in the example's range."""
+    from torch.export import ExportedProgram
+
+    from compiler.ir import dynamic
+
+    stages = (getattr(program, "stages", None) or {}).values()
+    exported = next((a.program for a in stages if isinstance(getattr(a, "program", None), ExportedProgram)), None)
+    ranges = dynamic.input_ranges(exported) if exported is not None else {}
+    leaves, spec = pytree.tree_flatten(tuple(inputs))
+    generator = torch.Generator().manual_seed(0)
+    ends = []
+    for end in (1, 2):
+        values = {symbol: bounds[end] for symbol, bounds in ranges.items()}
+        shapes = dynamic.input_shapes_at(exported, values) if values else []
+        if len(shapes) != len(leaves) or all(
+            shape is None or tuple(leaf.shape) == shape for leaf, shape in zip(leaves, shapes)
+        ):
+            continue
+        drawn = [
+            _drawn_like(leaf, shape, generator) if shape is not None and tuple(leaf.shape) != shape else leaf
+            for leaf, shape in zip(leaves, shapes)
+        ]
+        label = ", ".join(f"{where} = {values[symbol]}" for symbol, (where, _, _) in ranges.items())
+        ends.append((label, tuple(pytree.tree_unflatten(drawn, spec))))
+    return ends
+
+
+def _worse(one: CheckResult, other: CheckResult) -> bool:
+    """Whether `one` is the worse result: failed where `other` passed, or further over its tolerance."""
+    if one.passed != other.passed:
+        return not one.passed
+    return one.max_abs_error / max(one.tolerance.absolute, 1e-30) > other.max_abs_error / max(other.tolerance.absolute, 1e-30)
+
+
 def compare_with_eager(
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
+) -> CheckResult:
+    """`compare_at` on the example inputs; a CompileResult whose program has dynamic input sizes
+    also runs with them all at the bottom of their declared ranges, then at the top (where a
+    size a dependency fixed, or memory planned too small, shows), and the worst run is the
+    result. The model's state is left as after the example's run."""
+    checked = compare_at(program, module, inputs, tolerance)
+    ends = _inputs_at_range_ends(program, inputs)
+    if not ends:
+        return checked
+    sizes = tuple(label for label, _ in ends)
+    state = _State(module)
+    worst, worst_at = checked, None
+    try:
+        for label, other in ends:
+            try:
+                result = compare_at(program, module, other, tolerance)
+            except Exception as exc:  # the runtime, the reference executor or the shapes: the program fails there
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                return attrs.evolve(checked, sizes=sizes, error=f"at {label}: {type(exc).__name__}: {first}")
+            if _worse(result, worst):
+                worst, worst_at = result, label
+    finally:
+        state.rewind()
+    return attrs.evolve(worst, sizes=sizes, worst_at=worst_at)
+
+
+def compare_at(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
 ) -> CheckResult:
     """Run the program (a CompileResult, `.pte` bytes or path) and eager PyTorch on the same
