@@ -7,9 +7,10 @@ ExportSession keeps each stage's output.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import attrs
 import torch
@@ -102,6 +103,36 @@ def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any, calibrati
     from compiler.ir.artifacts import EagerModel
 
     return EagerModel(model, tuple(example_inputs), dynamic_shapes, _calibration(calibration))
+
+
+def dynamic_dims(
+    model: torch.nn.Module, example_inputs: Any, dims: Sequence[tuple[str, int, int | None, int]]
+) -> tuple:
+    """`dynamic_shapes` for torch.export from (input, dimension, minimum, maximum) per dynamic size
+    (the CLI's `--dynamic-dim`): the input by forward's parameter name or position, the minimum
+    1 when None; each size its own `torch.export.Dim`, named after the input and dimension."""
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
+    shapes: list[dict | None] = [None] * len(inputs)
+    for given, dim, low, high in dims:
+        position = int(given) if given.isdigit() else names.index(given) if given in names else None
+        if position is None or position >= len(inputs):
+            raise UserInputError(
+                f"a dynamic dimension names the input {given!r}, but forward has no input {given!r}",
+                stage="capture", hint=f"name an input by its parameter name or position: {', '.join(names)}",
+            )
+        name, example = names[position] if position < len(names) else given, inputs[position]
+        if not isinstance(example, torch.Tensor) or not 0 <= dim < example.dim():
+            rank = f"has {example.dim()} dimensions" if isinstance(example, torch.Tensor) else "is not a tensor"
+            raise UserInputError(f"the dynamic dimension {dim} of {name}: {name} {rank}", stage="capture")
+        low = 1 if low is None else low
+        if not low <= example.shape[dim] <= high:
+            raise UserInputError(
+                f"the dynamic dimension {dim} of {name}: the example's size {example.shape[dim]} is outside {low}..{high}",
+                stage="capture", hint="give a range that holds the example input's size",
+            )
+        shapes[position] = {**(shapes[position] or {}), dim: torch.export.Dim(f"{name}_{dim}", min=low, max=high)}
+    return tuple(shapes)
 
 
 def _calibration(calibration: Any) -> tuple | None:

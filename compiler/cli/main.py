@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
         help="calibrate on N draws of inputs from the model factory (one that takes a seed keyword, as the "
         "built-in models do)",
     )
+    compile_cmd.add_argument(
+        "--dynamic-dim", action="append", default=[], type=_dynamic_dim, metavar="INPUT:DIM:[MIN:]MAX",
+        help="make dimension DIM of MODEL's input INPUT (forward's parameter name or position) dynamic, from MIN "
+        "(default 1) to MAX, which ExecuTorch plans memory for; repeat for more (--check also runs at MIN and MAX)",
+    )
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     _add_tolerance_flag(compile_cmd, "--check")
     compile_cmd.add_argument(
@@ -210,6 +215,21 @@ def render_error(error: CompileError) -> str:
     if error.__cause__ is not None:
         text += "\n  --traceback shows where it failed"
     return text
+
+
+def _dynamic_dim(text: str) -> tuple[str, int, int | None, int]:
+    """`x:1:2:512` -> ("x", 1, 2, 512); `x:1:512` -> ("x", 1, None, 512)."""
+    parts = text.split(":")
+    try:
+        if len(parts) in (3, 4) and parts[0]:
+            numbers = [int(p) for p in parts[1:]]
+            return (parts[0], numbers[0], numbers[1] if len(numbers) == 3 else None, numbers[-1])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not INPUT:DIM:[MIN:]MAX, e.g. x:1:2:512 (a dynamic size needs its maximum: ExecuTorch "
+        "plans memory for it)"
+    )
 
 
 def _backend_options(items: Sequence[str]) -> dict[str, Any]:
@@ -391,6 +411,8 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         )
     if args.calibration_draws is not None and args.calibration_draws < 1:
         raise UserInputError(f"--calibration-draws {args.calibration_draws}: give at least 1", stage="quantize")
+    if args.dynamic_dim and not args.model:
+        raise UserInputError("--dynamic-dim needs the MODEL", hint="a resumed run keeps its program's dynamic sizes")
     if (args.calibration or args.calibration_draws) and not args.model:
         raise UserInputError("calibration needs the MODEL", stage="quantize", hint="pass MODEL, or drop the calibration flag")
     output = _file_to_write("-o", args.output)
@@ -422,6 +444,13 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     module, inputs, dynamic_shapes = (
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
+    if args.dynamic_dim:
+        if dynamic_shapes is not None:
+            raise UserInputError(
+                f"{args.model} gives its own dynamic_shapes, which --dynamic-dim would replace",
+                hint="drop --dynamic-dim, or have the factory return (module, example_inputs) only",
+            )
+        dynamic_shapes = api.dynamic_dims(module, inputs, args.dynamic_dim)
     use_model = not resume_from
     calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if args.model else None
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
