@@ -86,6 +86,11 @@ def symbols_read(node: torch.fx.Node) -> list[str]:
     return sorted(found)
 
 
+def symbols_named(text: str) -> list[str]:
+    """The dynamic-size symbols (`s27`) a message names."""
+    return sorted(set(_SYMBOL.findall(text)))
+
+
 def symbols_in(text: str) -> list[str]:
     """The dynamic-size symbols a guard refused under `guards_refused` named, from its message
     (stock backends report a handler's exception as text); [] when `text` is no such message."""

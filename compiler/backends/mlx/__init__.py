@@ -50,13 +50,16 @@ def _one_line(reason: str) -> str:
     return line
 
 
-def _refusal(program: ExportedProgram, why: str) -> str:
+def _refusal(program: ExportedProgram, node: torch.fx.Node, why: str) -> str:
     """Stock's reason for refusing a node, in one line; a handler that took a dynamic size as a
-    number (a guard `dynamic.guards_refused` stopped) is said so, naming the dimension."""
+    number (a guard `dynamic.guards_refused` stopped) is said so, naming the dimension, and a
+    refusal of a dynamic argument (`require_static_int`: '... with dynamic size ...') names it."""
     line = _one_line(why)
     symbols = dynamic.symbols_in(why)
     if not symbols:
-        return f"MLX's partitioner refused it: {line}"
+        read = (dynamic.symbols_read(node) or dynamic.symbols_named(line)) if "dynamic" in line else []
+        given = f" (dynamic size {dynamic.describe_sizes(program.graph, read)})" if read else ""
+        return f"MLX's partitioner refused it: {line}{given}"
     sizes = dynamic.describe_sizes(program.graph, symbols)
     return (
         f"MLX's {line.split(' refused ')[0]} takes the dynamic size {sizes} as a number, which would fix "
@@ -137,7 +140,7 @@ class MLXBackend(Backend):
         _say_how_quantized_weights_run(program)
         reasons = dict(guarded.refused)
         for node, why in mlx_unsupported_reasons(stock).items():
-            reasons.setdefault(node.name, _refusal(program, why))
+            reasons.setdefault(node.name, _refusal(program, node, why))
         return BackendPartition(partitions, reasons)
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:

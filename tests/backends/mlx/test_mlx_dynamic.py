@@ -2,6 +2,8 @@
 and a node whose stock handler would take a symbolic size as a number stays off the delegate
 with a reason naming that dimension (else its guard fixed the size for the whole program)."""
 
+import torch
+
 import compiler
 from dynamic_shape_models import causal_attention, largest_errors, position_gather, symbolic_input_dims
 
@@ -23,3 +25,17 @@ def test_handler_that_would_fix_the_size_stays_on_the_cpu_and_says_why():
     assert index.where == "cpu", index
     assert "x's dim 1" in index.reason and "2..32" in index.reason, index.reason
     assert max(largest_errors(result, model, inputs).values()) < TOLERANCE
+
+
+class GatherAcrossADynamicDim(torch.nn.Module):
+    def forward(self, x, rows, cols):
+        return x[rows, :, cols] * 2
+
+
+def test_stock_refusal_of_a_dynamic_size_names_the_dimension():
+    """Stock 1.5.1's multi-index gather refuses a dynamic non-indexed dimension by its symbol only."""
+    inputs = (torch.randn(3, 8, 5), torch.tensor([0, 2]), torch.tensor([1, 4]))
+    dynamic = ({1: torch.export.Dim("n", min=2, max=16)}, None, None)
+    result = compiler.compile(GatherAcrossADynamicDim(), inputs, "mlx", dynamic_shapes=dynamic)
+    (index,) = [row for row in result.report.placement if row.op == "aten.index.Tensor"]
+    assert index.where == "cpu" and "dynamic size x's dim 1 (s" in index.reason and "2..16" in index.reason, index
