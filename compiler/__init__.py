@@ -12,6 +12,9 @@ import importlib
 _EXPORTS = {
     "CompileResult": "compiler.api",
     "compile": "compiler.api",
+    "compile_methods": "compiler.api",
+    "check_methods": "compiler.api",
+    "MethodsResult": "compiler.api",
     "Instrument": "compiler.driver.instruments",
     "CompileConfig": "compiler.driver.config",
     "DriverOptions": "compiler.driver.config",

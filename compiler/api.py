@@ -313,3 +313,195 @@ def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix:
         elif old != new:
             found.append(Override(f"{prefix}{key}", old, new))
     return tuple(found)
+
+
+@attrs.frozen
+class MethodsResult:
+    """A compile of several methods into one program: each method's run through lower (its
+    stage files, cache entries, report and resume are its own) and the one emit of them all.
+    `pte`, `save` and `run` need a run that reached emit."""
+
+    methods: Mapping[str, CompileResult]
+    artifact: Any  # the ExecutorchProgram of every method; None when the methods stopped before emit
+    report: Any  # MethodsReport
+    # Each method's eager callable, the check's reference (none for a method resumed from a stage file).
+    eager: Mapping[str, Any]
+
+    @property
+    def program(self) -> ExecutorchProgram:
+        if self.artifact is None:
+            stopped = next(iter(self.methods.values())).stopped_after
+            raise UserInputError(
+                f"the compile stopped after {stopped}: it has each method's artifact, not a program to save or run",
+                hint="compile without stop_after to reach emit; `result.methods[name].artifact` is what it made",
+            )
+        return self.artifact
+
+    @property
+    def pte(self) -> bytes:
+        return self.program.pte
+
+    def save(self, path: str | os.PathLike) -> None:
+        pte = self.pte
+        with open(path, "wb") as f:
+            f.write(pte)
+
+
+class _Method(torch.nn.Module):
+    """One method of a module as a module torch.export captures: every method of one module
+    then names its weights and buffers alike (`owner.<path>`), so the state they share is planned once."""
+
+    def __init__(self, owner: torch.nn.Module, name: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self.method = name
+
+    def forward(self, *args: Any) -> Any:
+        return getattr(self.owner, self.method)(*args)
+
+
+def _method_module(name: str, given: Any) -> tuple[torch.nn.Module, Any]:
+    """(the module to capture, the callable eager runs) of one method: a module, or a bound method of one."""
+    if isinstance(given, torch.nn.Module):
+        return _Method(given, "forward"), given
+    owner = getattr(given, "__self__", None)
+    if isinstance(owner, torch.nn.Module) and callable(given):
+        return _Method(owner, given.__name__), given
+    raise UserInputError(
+        f"method {name!r}: {type(given).__name__} is neither a torch.nn.Module nor a method of one",
+        stage="capture",
+        hint="give a module or a bound method of one (model.prefill), with its example inputs",
+    )
+
+
+def _methods_given(methods: Any) -> dict[str, Any]:
+    """Each method's (module, example inputs, dynamic shapes) or stage file, checked before any work."""
+    if not isinstance(methods, Mapping) or not methods:
+        raise UserInputError(
+            "no methods to compile" if isinstance(methods, Mapping) else
+            f"methods must be a dict of name -> (module, example inputs), got {type(methods).__name__}",
+            hint="give e.g. {'prefill': (model.prefill, (tokens, pos)), 'decode': (model.decode, (token, pos))}",
+        )
+    given: dict[str, Any] = {}
+    for name, spec in methods.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise UserInputError(f"{name!r} is not a method name", hint="name each method by an identifier, e.g. decode")
+        if isinstance(spec, (str, os.PathLike)):
+            given[name] = os.fspath(spec)
+            continue
+        if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+            raise UserInputError(
+                f"method {name!r}: give (module, example inputs) or (module, example inputs, dynamic shapes), "
+                f"or a stage file to resume it from; got {type(spec).__name__}",
+                hint="e.g. {'decode': (model.decode, (token, pos))}",
+            )
+        module, eager = _method_module(name, spec[0])
+        given[name] = (module, eager, spec[1], spec[2] if len(spec) == 3 else None)
+    _state_named_once(given)
+    return given
+
+
+def _state_named_once(given: Mapping[str, Any]) -> None:
+    """A buffer two methods reach under two names would be two states in the program: refused."""
+    names: dict[int, set[str]] = {}
+    for spec in given.values():
+        if isinstance(spec, tuple):
+            for name, buffer in spec[0].named_buffers(remove_duplicate=False):
+                names.setdefault(id(buffer), set()).add(name)
+    twice = sorted(sorted(found) for found in names.values() if len(found) > 1)
+    if twice:
+        raise UserInputError(
+            "the methods reach one buffer under several names: " + "; ".join(" and ".join(n) for n in twice),
+            stage="capture",
+            hint="give the methods as bound methods of the one module that holds the state (model.prefill, "
+            "model.decode), so the program plans it once",
+        )
+
+
+def compile_methods(
+    methods: Mapping[str, Any],
+    backend: str | None = None,
+    *,
+    backend_options: Mapping[str, Any] | None = None,
+    config: CompileConfig | None = None,
+    **options: Any,
+) -> MethodsResult:
+    """Compile several named methods into one program (prefill and decode, encoder and decoder).
+
+    `methods`: name -> (module or bound method of one, example inputs[, dynamic shapes]), or a
+    stage file of that method to resume from. Each method runs the stages through lower on its
+    own (with `dump_dir`, into `dump_dir/<method>/`), then one emit makes the `.pte` of them all:
+    weights the methods share are stored once, and a buffer they share (one KV cache, given as
+    methods of the module holding it) is one state, planned once. Options as `compile`'s; the
+    emit's are those each method's run records."""
+    from compiler.driver.instruments import StageMessages, instruments_for
+    from compiler.driver.pipeline import Pipeline
+    from compiler.ir.artifacts import LoweredMethods
+    from compiler.ir.errors import CompileError
+    from compiler.reporting.report import MethodsReport
+    from compiler.stages.emit import EmitMethods
+    from compiler.stages.options import constant_method_values
+
+    given = _methods_given(methods)
+    chosen, driving = split_options(options)
+    constant = constant_method_values(chosen.get("emit_constant_methods", config.emit.constant_methods if config else ()))
+    clash = sorted(set(constant) & set(given))
+    if clash:
+        raise UserInputError(
+            f"emit_constant_methods names the method(s) {', '.join(clash)} the program compiles",
+            stage="emit", hint="give the metadata methods other names",
+        )
+    emits = driving.stop_after in (None, "emit")
+    per_method = {**options, "stop_after": "lower" if emits else driving.stop_after}
+    results: dict[str, CompileResult] = {}
+    for name, spec in given.items():
+        folders = {key: os.path.join(os.fspath(options[key]), name) for key in ("dump_dir", "reproducer_dir") if options.get(key)}
+        try:
+            if isinstance(spec, str):
+                results[name] = compile(
+                    None, backend=backend, backend_options=backend_options, config=config,
+                    **{**per_method, **folders, "resume_from": spec},
+                )
+            else:
+                module, _, inputs, dynamic = spec
+                results[name] = compile(
+                    module, inputs, backend, backend_options=backend_options, dynamic_shapes=dynamic, config=config,
+                    **{**per_method, **folders},
+                )
+        except CompileError as error:
+            error.reason = f"method {name!r}: {error.reason}"
+            error.args = (error.reason,)
+            raise
+    eager = {name: spec[1] for name, spec in given.items() if isinstance(spec, tuple)}
+    reports = {name: result.report for name, result in results.items()}
+    if not emits:
+        return MethodsResult(results, None, MethodsReport(reports), eager)
+    configs = {name: result.config for name, result in results.items()}
+    emit_config = next(iter(configs.values()))
+    differ = sorted(name for name, one in configs.items() if one.backend != emit_config.backend)
+    if differ:
+        raise UserInputError(
+            f"the methods were lowered for different backends: {', '.join(f'{n} ({configs[n].backend})' for n in configs)}",
+            stage="emit", hint="compile (or resume) every method for one backend",
+        )
+    top = attrs.evolve(driving, stop_after=None, resume_from=None)
+    with DependencyOutput() if driving.capture_dependency_output else contextlib.nullcontext() as output:
+        instruments = instruments_for(top)
+        if output is not None:
+            instruments.insert(0, StageMessages(output))
+        emitted = Pipeline([EmitMethods()]).execute(
+            LoweredMethods({name: result.artifact for name, result in results.items()}),
+            backends.resolve(emit_config.backend, emit_config.backend_options),
+            emit_config,
+            instruments,
+        )
+    report = MethodsReport(reports, emitted.report.stages[0], emit_config.to_json())
+    return MethodsResult(results, emitted.artifact, report, eager)
+
+
+def check_methods(result: Any, calls: Any, eager: Mapping[str, Any] | None = None, tolerance: float | None = None):
+    """The sequence of `calls` ((method, inputs) pairs) run by the program and by eager, compared
+    call by call (`compiler.running.methods.check_methods`); `eager` defaults to the methods compiled."""
+    from compiler.running.methods import check_methods as check
+
+    return check(result, calls, eager if eager is not None else getattr(result, "eager", {}), tolerance)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
 from compiler.ir.errors import CompileError
+from compiler.stages import STAGE_NAMES
 
 # The stage-file serializer (and with it ExecuTorch) is imported on first use, inside the
 # hooks that write files: the CLI builds its instruments before the compile captures
@@ -148,7 +149,8 @@ class DumpStages(Instrument):
 
     def before_pipeline(self, config, stages, artifact):
         self.config = config
-        self.index = {name: i for i, name in enumerate(stages, start=1)}
+        # A stage of the table keeps its number when a run starts later (the emit of several methods).
+        self.index = {name: (STAGE_NAMES.index(name) if name in STAGE_NAMES else i) + 1 for i, name in enumerate(stages)}
         with open(os.path.join(self.directory, "config.json"), "w") as f:
             json.dump({"config": config.to_json(), "versions": dependency_versions()}, f, indent=2)
 

@@ -180,8 +180,31 @@ class LoweredProgram(_ExportedArtifact):
 
 
 @attrs.frozen
+class LoweredMethods:
+    """The lowered programs of a program of several methods, by method name: emit makes one `.pte`
+    of them, so weights and state they share are stored and planned once."""
+
+    methods: Mapping[str, LoweredProgram]
+
+    dialect: ClassVar[str] = EDGE
+    invariants: ClassVar[tuple] = ()  # each method's program was verified as it was lowered
+
+    def stats(self) -> ProgramStats:
+        each = [lowered.stats() for lowered in self.methods.values()]
+        return ProgramStats(
+            nodes=sum(s.nodes for s in each), delegates=sum(s.delegates or 0 for s in each),
+            cpu_ops=sum(s.cpu_ops or 0 for s in each),
+        )
+
+    def graph_text(self) -> str:
+        return "\n".join(f"// method {name}\n{lowered.graph_text()}" for name, lowered in self.methods.items())
+
+
+@attrs.frozen
 class ExecutorchProgram:
-    """The emitted `.pte`: its bytes, the operators it calls and its delegate payloads."""
+    """The emitted `.pte`: its bytes, the operators it calls and its delegate payloads. `plan` is
+    the placement of its one method (a program of several has each method's in its method's
+    result; here an empty plan)."""
 
     pte: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
     operators: tuple[str, ...]  # each distinct CPU kernel, e.g. "aten::add.out"

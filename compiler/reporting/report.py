@@ -254,3 +254,47 @@ class Report:
             "placement": [attrs.asdict(s) for s in self.placement],
             "check": dict(self.check) if self.check is not None else None,
         }
+
+
+@attrs.frozen
+class MethodsReport:
+    """The report of a program of several methods: each method's stages (its own `Report`,
+    through lower) and the one emit that made the `.pte` of them all."""
+
+    methods: Mapping[str, Report]
+    emit: StageRecord | None = None  # None when the methods stopped before emit
+    config: Mapping[str, Any] = attrs.field(factory=dict)  # the emit's configuration
+    # The check of a sequence of calls against eager (`MethodsCheck.to_json()`).
+    check: Mapping[str, Any] | None = None
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(r.total_seconds for r in self.methods.values()) + (self.emit.seconds if self.emit else 0.0)
+
+    def stage_rows(self) -> tuple[list[str], list[list[str]]]:
+        """(header, rows): a row per method and stage, then the emit's (its method cell names them
+        all), the total last."""
+        header, _ = Report().stage_rows()
+        rows = [[name, *row] for name, report in self.methods.items() for row in report.stage_rows()[1][:-1]]
+        if self.emit is not None:
+            rows += [[", ".join(self.methods), *row] for row in Report((self.emit,)).stage_rows()[1][:-1]]
+        verify = sum(r.verify_seconds for report in self.methods.values() for r in report.stages)
+        verify += self.emit.verify_seconds if self.emit else 0.0
+        rows.append(["total", "", _cell(self.total_seconds), _cell(verify), "", "", "", "", ""])
+        return ["method", *header], rows
+
+    def format_stages(self) -> str:
+        return _table(*self.stage_rows())
+
+    def format_placement(self) -> str:
+        """Each method's placement, under its name."""
+        return "\n\n".join(f"method {name}:\n{report.format_placement()}" for name, report in self.methods.items())
+
+    def to_json(self) -> dict:
+        emit = Report((self.emit,)).to_json()["stages"][0] if self.emit is not None else None
+        return {
+            "methods": {name: report.to_json() for name, report in self.methods.items()},
+            "emit": emit,
+            "config": dict(self.config),
+            "check": dict(self.check) if self.check is not None else None,
+        }

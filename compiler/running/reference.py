@@ -128,7 +128,7 @@ class _Method:
     def __init__(self, executor: "ReferenceExecutor", plan: schema.ExecutionPlan) -> None:
         self.executor = executor
         self.plan = plan
-        self.arenas = [torch.zeros(size, dtype=torch.uint8) for size in plan.non_const_buffer_sizes]
+        self.arenas = executor.arenas
         self.values: list[Any] = [self._initial(i) for i in range(len(plan.values))]
 
     # Values.
@@ -298,6 +298,14 @@ class ReferenceExecutor:
         self._delegates: dict[tuple[str, int], Any] = {}
         self._operators: dict[tuple[str, str], Any] = {}
         self._methods: dict[str, _Method] = {}
+        # One arena per memory id for every method, the size of the largest, as ExecuTorch's
+        # Python runtime gives the host-only methods of a program: the state a program of several
+        # methods plans once (memory id 2, one offset) is then one state.
+        sizes = [plan.non_const_buffer_sizes for plan in self.program.execution_plan]
+        self.arenas = [
+            torch.zeros(max(s[i] for s in sizes if i < len(s)), dtype=torch.uint8)
+            for i in range(max(map(len, sizes), default=0))
+        ]
 
     def plan(self, method: str) -> schema.ExecutionPlan:
         for plan in self.program.execution_plan:

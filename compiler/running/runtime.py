@@ -117,18 +117,19 @@ class LoadedProgram:
             self._execute = self._reference.run
         else:
             load_quantized_kernels()
-            # The program is kept while its method runs: the method reads the program's data.
-            self._program = runtime.load_program(pte)
-            self._execute = self._program.load_method("forward").execute
+            # The program is kept while its methods run: they read the program's data. Its methods
+            # share the host arenas, so the state a program of several methods shares is one.
+            program = runtime.load_program(pte)
+            self._execute = lambda inputs, method: program.load_method(method).execute(inputs)
 
     @property
     def computes_in_float16(self) -> bool:
         """Whether a delegate run so far computes in float16 (known after the first run)."""
         return self._reference is not None and self._reference.computes_in_float16
 
-    def __call__(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    def __call__(self, inputs: Sequence[Any], method: str = "forward") -> list[torch.Tensor]:
         # Cloned: an output may live in the program's planned memory, which the next run reuses.
-        outputs = self._execute(list(pytree.tree_leaves(tuple(inputs))))
+        outputs = self._execute(list(pytree.tree_leaves(tuple(inputs))), method)
         return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
 
 

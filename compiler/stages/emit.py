@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+from typing import Any, Mapping
 
 import attrs
 from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig
+from executorch.exir.passes import MemoryPlanningPass
 
-from compiler.ir.artifacts import ExecutorchProgram, LoweredProgram
+from compiler.ir.artifacts import ExecutorchProgram, LoweredMethods, LoweredProgram
+from compiler.ir.placement import PlacementPlan
 from compiler.ir.graph import copy_program, state_not_starting_at_zero
 from compiler.ir.private_api import delegate_outputs_from_call_sites, deserialize_pte
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.options import constant_method_values
+from compiler.stages.options import EmitOptions, constant_method_values
 from compiler.stages.shared import METHOD
 
 
@@ -62,38 +66,60 @@ def keep_initial_state(program: ExportedProgram) -> list[str]:
     return [target for _, target in marked]
 
 
+def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, metrics: dict[str, Any]) -> ExecutorchProgram:
+    """One `.pte` of the named lowered programs. ExecuTorch's emitter stores a constant once by
+    its bytes' hash, so weights the methods share are stored once; with several methods each
+    mutable buffer is planned once by its name (memory id 2, one offset) for every method that
+    uses it, and the buffers' names are emitted, so the methods share one state (one KV cache)."""
+    # to_executorch rewrites the graph in place (memory planning, out variants):
+    # give it copies so the lowered artifacts stay what the lower stage returned.
+    # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
+    programs = {name: copy_program(one.program) for name, one in lowered.items()}
+    initialized = [target for program in programs.values() for target in keep_initial_state(program)]
+    if initialized:
+        metrics["initialized_state"] = len(initialized)
+    manager = EdgeProgramManager(
+        programs,
+        constant_methods=constant_method_values(options.constant_methods) or None,
+        compile_config=EdgeCompileConfig(_check_ir_validity=False),
+    )
+    shared = len(programs) > 1
+    config = ExecutorchBackendConfig(
+        extract_delegate_segments=options.extract_delegate_segments,
+        emit_stacktrace=options.stacktrace,
+        **(dict(memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True), emit_mutable_buffer_names=True)
+           if shared else {}),
+    )
+    # Its passes retrace each program: each delegate call's outputs come from its call site.
+    with contextlib.ExitStack() as stack:
+        for program in programs.values():
+            stack.enter_context(delegate_outputs_from_call_sites(program.graph_module))
+        emitted = manager.to_executorch(config)
+    # The plans as emitted: reading them back from the bytes would copy every payload again.
+    plans = [plan for plan in emitted.executorch_program.execution_plan if plan.name in programs]
+    pte = emitted.buffer
+    del emitted, manager  # its pieces of the .pte are joined into `pte` now
+    metrics["pte_bytes"] = len(pte)
+    calls = [plan_calls(plan) for plan in plans]
+    operators = dict.fromkeys(_operator_name(op) for plan in plans for op in plan.operators)
+    return ExecutorchProgram(
+        pte=pte,
+        operators=tuple(operators),
+        delegates=tuple(d.id for plan in plans for d in plan.delegates),
+        plan=next(iter(lowered.values())).plan if not shared else PlacementPlan(()),
+        kernel_calls=sum(c.cpu_calls for c in calls),
+        delegate_calls=sum(c.delegates for c in calls),
+    )
+
+
 class Emit(Stage, takes=LoweredProgram, returns=ExecutorchProgram):
     def apply(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
-        # to_executorch rewrites the graph in place (memory planning, out variants):
-        # give it a copy so the lowered artifact stays what the lower stage returned.
-        # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
-        program = copy_program(lowered.program)
-        initialized = keep_initial_state(program)
-        if initialized:
-            ctx.metrics["initialized_state"] = len(initialized)
-        manager = EdgeProgramManager(
-            {METHOD: program},
-            constant_methods=constant_method_values(ctx.options.constant_methods) or None,
-            compile_config=EdgeCompileConfig(_check_ir_validity=False),
-        )
-        config = ExecutorchBackendConfig(
-            extract_delegate_segments=ctx.options.extract_delegate_segments,
-            emit_stacktrace=ctx.options.stacktrace,
-        )
-        # Its passes retrace the program: each delegate call's outputs come from its call site.
-        with delegate_outputs_from_call_sites(program.graph_module):
-            emitted = manager.to_executorch(config)
-        # The plan as emitted: reading it back from the bytes would copy every payload again.
-        plan = emitted.executorch_program.execution_plan[0]
-        pte = emitted.buffer
-        del emitted, manager  # its pieces of the .pte are joined into `pte` now
-        ctx.metrics["pte_bytes"] = len(pte)
-        calls = plan_calls(plan)
-        return ExecutorchProgram(
-            pte=pte,
-            operators=tuple(_operator_name(op) for op in plan.operators),
-            delegates=tuple(d.id for d in plan.delegates),
-            plan=lowered.plan,
-            kernel_calls=calls.cpu_calls,
-            delegate_calls=calls.delegates,
-        )
+        return emit_programs({METHOD: lowered}, ctx.options, ctx.metrics)
+
+
+class EmitMethods(Stage, takes=LoweredMethods, returns=ExecutorchProgram):
+    """Emit of a program of several methods (`compiler.compile_methods`): each method ran the
+    stages before it on its own."""
+
+    def apply(self, lowered: LoweredMethods, ctx: StageContext) -> ExecutorchProgram:
+        return emit_programs(lowered.methods, ctx.options, ctx.metrics)

@@ -1,0 +1,192 @@
+"""Programs of several methods: one .pte, weights stored once, one KV cache the methods share,
+stage files and resumes per method, and the check of a sequence of calls against eager."""
+
+import os
+
+import pytest
+import torch
+
+import compiler
+from compiler.ir.errors import UserInputError
+from compiler.ir.private_api import deserialize_pte
+
+CACHE, WIDTH = 16, 8
+
+
+class TinyKV(torch.nn.Module):
+    """A cache of projected tokens: prefill writes several positions, decode one, both read all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(WIDTH, WIDTH)
+        self.out = torch.nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("cache", torch.zeros(1, CACHE, WIDTH))
+
+    def _step(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.cache.index_copy_(1, pos, self.proj(x))
+        return self.out(self.cache.sum(1))
+
+    def prefill(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self._step(x, pos)
+
+    def decode(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return self._step(x, pos) * 2
+
+
+def _methods(model: TinyKV) -> dict:
+    return {
+        "prefill": (model.prefill, (torch.randn(1, 4, WIDTH), torch.arange(4))),
+        "decode": (model.decode, (torch.randn(1, 1, WIDTH), torch.tensor([4]))),
+    }
+
+
+def _calls() -> list:
+    torch.manual_seed(1)
+    return [
+        ("prefill", (torch.randn(1, 4, WIDTH), torch.arange(4))),
+        ("decode", (torch.randn(1, 1, WIDTH), torch.tensor([4]))),
+        ("decode", (torch.randn(1, 1, WIDTH), torch.tensor([5]))),
+    ]
+
+
+def _model() -> TinyKV:
+    torch.manual_seed(0)
+    return TinyKV().eval()
+
+
+def _shared_state(pte: bytes) -> dict[str, set]:
+    """Per method: where each planned mutable buffer lives, (memory id, offset), by its name."""
+    program = deserialize_pte(pte).program
+    placed: dict[str, set] = {}
+    for plan in program.execution_plan:
+        for value in plan.values:
+            spec = value.val
+            info = getattr(spec, "allocation_info", None)
+            name = getattr(getattr(spec, "extra_tensor_info", None), "fully_qualified_name", None)
+            if info is not None and name:
+                placed.setdefault(plan.name, set()).add((name, info.memory_id, info.memory_offset_low))
+    return placed
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_two_methods_share_one_cache_and_match_eager(backend):
+    model = _model()
+    result = compiler.compile_methods(_methods(model), backend, emit_constant_methods=("get_max_seq_len=16",))
+    names = {plan.name for plan in deserialize_pte(result.pte).program.execution_plan}
+    assert names == {"prefill", "decode", "get_max_seq_len"}
+    placed = _shared_state(result.pte)
+    assert placed["prefill"] == placed["decode"] and {name for name, *_ in placed["decode"]} == {"owner.cache"}
+    check = compiler.check_methods(result, _calls())
+    assert check.passed, check.describe()
+    assert [row.method for row in check.methods] == ["prefill", "decode"]
+    assert [row.calls for row in check.methods] == [1, 2]
+    assert all(row.worst_error < 1e-5 for row in check.methods)
+    # The eager model's cache is as it was: the check ran eager from the compiled state and put it back.
+    assert not model.cache.any()
+
+
+def test_a_program_that_keeps_state_apart_would_fail_the_check():
+    """The check is a real one: decode's output depends on what prefill wrote into the shared cache."""
+    model = _model()
+    result = compiler.compile_methods(_methods(model), "portable")
+    calls = _calls()
+    check = compiler.check_methods(result, calls[1:])  # decode without the prefill eager saw
+    assert check.passed
+    with torch.no_grad():
+        model.prefill(*calls[0][1])  # eager now starts from another cache than the program
+    assert not compiler.check_methods(result, calls[1:]).passed
+
+
+class Shared(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.big = torch.nn.Linear(256, 256)
+
+    def one(self, x):
+        return self.big(x)
+
+    def two(self, x):
+        return self.big(x).relu()
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_weights_shared_in_eager_are_stored_once(backend):
+    model, x = Shared().eval(), torch.randn(2, 256)
+    single = compiler.compile_methods({"one": (model.one, (x,))}, backend)
+    both = compiler.compile_methods({"one": (model.one, (x,)), "two": (model.two, (x,))}, backend)
+    weights = 257 * 256 * 4
+    assert len(single.pte) > weights
+    assert len(both.pte) < len(single.pte) + weights // 4
+
+
+def test_report_has_a_row_per_method_and_stage():
+    result = compiler.compile_methods(_methods(_model()), "portable")
+    header, rows = result.report.stage_rows()
+    assert header[:2] == ["method", "stage"]
+    assert [row[:2] for row in rows if row[1] == "lower"] == [["prefill", "lower"], ["decode", "lower"]]
+    assert rows[-2][:2] == ["prefill, decode", "emit"] and rows[-1][0] == "total"
+    text = result.report.format_stages()
+    assert "prefill" in text and "decode" in text
+    assert result.report.to_json()["methods"]["decode"]["stages"][-1]["stage"] == "lower"
+
+
+def test_stage_files_per_method_and_a_resume_of_one(tmp_path):
+    model = _model()
+    first = compiler.compile_methods(_methods(model), "xnnpack", dump_dir=str(tmp_path))
+    for method in ("prefill", "decode"):
+        assert (tmp_path / method / "09-lower.stage").is_file()
+    assert (tmp_path / "10-emit.pte").read_bytes() == first.pte
+    methods = _methods(model)
+    methods["decode"] = str(tmp_path / "decode" / "06-decompose.stage")
+    resumed = compiler.compile_methods(methods, "xnnpack")
+    assert resumed.methods["decode"].report.resumed_from.endswith("06-decompose.stage")
+    assert resumed.methods["decode"].report.stages[0].stage == "partition"
+    assert resumed.pte == first.pte
+    assert compiler.check_methods(resumed, _calls(), eager={"prefill": model.prefill, "decode": model.decode}).passed
+
+
+def test_stop_after_a_stage_before_emit_keeps_each_method():
+    result = compiler.compile_methods(_methods(_model()), "portable", stop_after="partition")
+    assert set(result.methods) == {"prefill", "decode"}
+    assert all(r.stopped_after == "partition" for r in result.methods.values())
+    with pytest.raises(UserInputError, match="stopped after partition"):
+        result.pte
+
+
+@pytest.mark.parametrize(
+    "methods, match",
+    [
+        ({}, "no methods"),
+        ({"bad name": (torch.nn.Linear(2, 2), (torch.randn(1, 2),))}, "not a method name"),
+        ({"a": torch.nn.Linear(2, 2)}, "method 'a'"),
+        ({"a": (lambda x: x, (torch.randn(1, 2),))}, "method 'a'"),
+    ],
+)
+def test_a_bad_method_set_is_named(methods, match):
+    with pytest.raises(UserInputError, match=match):
+        compiler.compile_methods(methods, "portable")
+
+
+def test_a_method_whose_inputs_do_not_fit_is_named():
+    model = _model()
+    methods = _methods(model)
+    methods["decode"] = (model.decode, (torch.randn(1, 1, WIDTH + 1), torch.tensor([4])))
+    with pytest.raises(compiler.CompileError, match="method 'decode'") as info:
+        compiler.compile_methods(methods, "portable")
+    assert info.value.stage == "capture"
+
+
+def test_a_constant_method_named_like_a_method_is_refused():
+    with pytest.raises(UserInputError, match="prefill"):
+        compiler.compile_methods(_methods(_model()), "portable", emit_constant_methods=("prefill=1",))
+
+
+def test_state_shared_under_two_names_is_refused():
+    """One cache given through two modules at different paths would be planned twice."""
+    model = _model()
+    holder = torch.nn.Module()
+    holder.inner = model
+    methods = {"prefill": (model.prefill, _methods(model)["prefill"][1]), "other": (holder, (torch.randn(1, WIDTH),))}
+    holder.forward = lambda x: model.out(x)
+    with pytest.raises(UserInputError, match="cache"):
+        compiler.compile_methods(methods, "portable")
