@@ -15,17 +15,15 @@ import logging
 import re
 from typing import Iterator
 
+import sympy
 import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
-from torch.fx.experimental.symbolic_shapes import _ShapeEnvGuardError
 from torch.utils._sympy.numbers import int_oo
 
-# What torch says when a guard is attempted under `guards_refused` (`_ShapeEnvGuardError`).
+# What torch's `_ShapeEnvGuardError` says of a guard attempted under `guards_refused`.
 _GUARD_MESSAGE = re.compile(r"Guard attempted while ShapeEnv guards are frozen: (.+?)(?:\.\s|\.?$)", re.M)
 _SYMBOL = re.compile(r"\bs\d+\b")
-
-GuardRefused = _ShapeEnvGuardError
 
 
 def _placeholder_sizes(graph: torch.fx.Graph) -> Iterator[tuple[str, int, torch.SymInt]]:
@@ -91,7 +89,7 @@ def symbols_named(text: str) -> list[str]:
     return sorted(set(_SYMBOL.findall(text)))
 
 
-def symbols_in(text: str) -> list[str]:
+def refused_guard_symbols(text: str) -> list[str]:
     """The dynamic-size symbols a guard refused under `guards_refused` named, from its message
     (stock backends report a handler's exception as text); [] when `text` is no such message."""
     found = _GUARD_MESSAGE.search(text)
@@ -145,12 +143,15 @@ def input_shapes_at(program: ExportedProgram, values: dict[str, int]) -> list[tu
         if not isinstance(value, torch.Tensor):
             shapes.append(None)
             continue
-        shapes.append(tuple(
-            int(size.node._expr.xreplace({s: values.get(str(s), s) for s in size.node._expr.free_symbols}))
-            if isinstance(size, torch.SymInt) else size
-            for size in value.shape
-        ))
+        shapes.append(tuple(_size_at(size, values) if isinstance(size, torch.SymInt) else size for size in value.shape))
     return shapes
+
+
+def _size_at(size: torch.SymInt, values: dict[str, int]) -> int:
+    """`size` with its symbols at `values`; the example's size if one of them has none."""
+    expr = size.node._expr
+    expr = expr.xreplace({s: sympy.Integer(values[str(s)]) for s in expr.free_symbols if str(s) in values})
+    return int(expr) if expr.is_number else size.node.hint
 
 
 def _shape_env(program: ExportedProgram):
@@ -160,7 +161,8 @@ def _shape_env(program: ExportedProgram):
 @contextlib.contextmanager
 def guards_refused(program: ExportedProgram) -> Iterator[None]:
     """While inside, code that would guard on one of the program's symbolic sizes (take it as
-    a number, compare it with one) raises `GuardRefused` instead of fixing or narrowing it.
+    a number, compare it with one) raises torch's `_ShapeEnvGuardError` instead of fixing or
+    narrowing it.
     Nothing happens for a program without dynamic inputs."""
     env = _shape_env(program)
     if env is None:

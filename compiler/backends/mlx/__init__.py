@@ -55,7 +55,7 @@ def _refusal(program: ExportedProgram, node: torch.fx.Node, why: str) -> str:
     number (a guard `dynamic.guards_refused` stopped) is said so, naming the dimension, and a
     refusal of a dynamic argument (`require_static_int`: '... with dynamic size ...') names it."""
     line = _one_line(why)
-    symbols = dynamic.symbols_in(why)
+    symbols = dynamic.refused_guard_symbols(why)
     if not symbols:
         read = (dynamic.symbols_read(node) or dynamic.symbols_named(line)) if "dynamic" in line else []
         given = f" (dynamic size {dynamic.describe_sizes(program.graph, read)})" if read else ""
