@@ -85,6 +85,19 @@ def test_two_methods_share_one_cache_and_match_eager(backend):
     assert not model.cache.any()
 
 
+@pytest.mark.parametrize(
+    "backend, options",
+    [("coreml", {"minimum_deployment_target": "iOS18", "take_over_mutable_buffer": False}), ("mlx", None)],
+)
+def test_two_methods_share_one_cache_on_apple_backends_in_the_reference_executor(backend, options):
+    """The cache stays the program's (Core ML told not to take it over; MLX leaves index_copy on the
+    CPU); the delegates compute around it, in the reference executor with one arena for both methods."""
+    result = compiler.compile_methods(_methods(_model()), backend, backend_options=options)
+    assert result.program.delegates
+    check = compiler.check_methods(result, _calls())
+    assert check.passed, check.describe()
+
+
 def test_a_program_that_keeps_state_apart_would_fail_the_check():
     """The check is a real one: decode's output depends on what prefill wrote into the shared cache."""
     model = _model()
@@ -190,3 +203,44 @@ def test_state_shared_under_two_names_is_refused():
     holder.forward = lambda x: model.out(x)
     with pytest.raises(UserInputError, match="cache"):
         compiler.compile_methods(methods, "portable")
+
+
+class Accumulator(torch.nn.Module):
+    """State a delegate can own whole (Core ML from iOS 18): every use of it in one partition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(1, WIDTH))
+
+    def add(self, x):
+        self.state.add_(x)
+        return self.state * 2.0
+
+    def read(self, x):
+        return self.state + x
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_state_one_method_writes_and_another_reads(backend):
+    model, x = Accumulator().eval(), torch.randn(1, WIDTH)
+    result = compiler.compile_methods({"add": (model.add, (x,)), "read": (model.read, (x,))}, backend)
+    calls = [("add", (x,)), ("read", (x,)), ("add", (x,)), ("read", (x,))]
+    assert compiler.check_methods(result, calls).passed
+
+
+@pytest.mark.parametrize(
+    "backend, options",
+    [
+        ("coreml", {"minimum_deployment_target": "iOS18"}),  # Core ML state in 'add'
+        ("coreml", {"minimum_deployment_target": "iOS18", "take_over_mutable_buffer": False}),  # a constant in 'read'
+        ("mlx", None),
+    ],
+)
+def test_state_a_delegate_holds_cannot_be_shared(backend, options):
+    """The state would be a delegate's own (or a constant baked into the reading method's payload):
+    'read' would never see what 'add' wrote."""
+    model, x = Accumulator().eval(), torch.randn(1, WIDTH)
+    methods = {"add": (model.add, (x,)), "read": (model.read, (x,))}
+    with pytest.raises(compiler.CompileError, match="held by a delegate") as info:
+        compiler.compile_methods(methods, backend, backend_options=options)
+    assert info.value.stage == "emit"

@@ -14,7 +14,8 @@ from executorch.exir.passes import MemoryPlanningPass
 
 from compiler.ir.artifacts import ExecutorchProgram, LoweredMethods, LoweredProgram
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.graph import copy_program, state_not_starting_at_zero
+from compiler.ir.errors import CompileError
+from compiler.ir.graph import copy_program, delegate_calls, state_not_starting_at_zero
 from compiler.ir.private_api import delegate_outputs_from_call_sites, deserialize_pte
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
@@ -66,6 +67,40 @@ def keep_initial_state(program: ExportedProgram) -> list[str]:
     return [target for _, target in marked]
 
 
+def _delegate_buffers(program: ExportedProgram) -> tuple[set[str], set[str]]:
+    """(the mutable buffers the program's delegates hold as their own state, every buffer they hold)."""
+    owned: set[str] = set()
+    held: set[str] = set()
+    for call in delegate_calls(program):
+        signature = getattr(program.graph_module, call.args[0].target).original_module.graph_signature
+        owned |= set(signature.buffers_to_mutate.values())
+        held |= set(signature.inputs_to_buffers.values())
+    return owned, held
+
+
+def _check_shared_state(lowered: Mapping[str, LoweredProgram]) -> None:
+    """A buffer one method writes must be the program's, not a delegate's, wherever another method
+    uses it: a delegate holds its state in its own payload, and a buffer its method only reads as
+    a constant, so that method would see a copy of its own."""
+    owned, held, written, on_cpu = {}, {}, {}, {}
+    for name, one in lowered.items():
+        owned[name], held[name] = _delegate_buffers(one.program)
+        written[name] = owned[name] | set(one.program.graph_signature.buffers_to_mutate.values())
+        on_cpu[name] = set(one.program.graph_signature.inputs_to_buffers.values())
+    for name in lowered:
+        for other in set(lowered) - {name}:
+            shared = sorted(written[name] & held[other] | owned[name] & on_cpu[other])
+            if shared:
+                holder = other if written[name] & held[other] else name
+                raise CompileError(
+                    f"the state {', '.join(shared)} that method {name!r} writes is held by a delegate of method "
+                    f"{holder!r}, and method {other!r} uses it too: a delegate keeps a copy of its own",
+                    stage="emit",
+                    hint="keep state the methods share on the CPU in every method (the backend's option not to take "
+                    "over mutable buffers), or give it to one method only",
+                )
+
+
 def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, metrics: dict[str, Any]) -> ExecutorchProgram:
     """One `.pte` of the named lowered programs. ExecuTorch's emitter stores a constant once by
     its bytes' hash, so weights the methods share are stored once; with several methods each
@@ -74,6 +109,9 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     # to_executorch rewrites the graph in place (memory planning, out variants):
     # give it copies so the lowered artifacts stay what the lower stage returned.
     # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
+    shared = len(lowered) > 1
+    if shared:
+        _check_shared_state(lowered)
     programs = {name: copy_program(one.program) for name, one in lowered.items()}
     initialized = [target for program in programs.values() for target in keep_initial_state(program)]
     if initialized:
@@ -83,7 +121,6 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
         constant_methods=constant_method_values(options.constant_methods) or None,
         compile_config=EdgeCompileConfig(_check_ir_validity=False),
     )
-    shared = len(programs) > 1
     config = ExecutorchBackendConfig(
         extract_delegate_segments=options.extract_delegate_segments,
         emit_stacktrace=options.stacktrace,
