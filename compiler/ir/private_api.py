@@ -333,6 +333,14 @@ def mlx_include_sym_size_nodes(partitioner: Any, graph_module: Any, partitions: 
     return partitioner._include_sym_size_nodes_in_partitions(graph_module, partitions)
 
 
+def mlx_index_handler() -> Callable:
+    """Stock's MLX handler of `aten.index.Tensor` (`executorch.backends.mlx.ops._index_handler`),
+    which `compiler.backends.mlx.handlers` runs under its own. Checked against executorch 1.5.1."""
+    from executorch.backends.mlx.ops import _index_handler
+
+    return _index_handler
+
+
 def mlx_unsupported_reasons(operator_support: Any) -> dict:
     """Node -> why `MLXOperatorSupport` refused it (its private `_unsupported_reason`, the only
     record of the reasons). Checked against executorch 1.5.1."""

@@ -15,7 +15,7 @@ import torch
 from torch.export import ExportedProgram
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.mlx import rewrites, support
+from compiler.backends.mlx import handlers, rewrites, support
 from compiler.backends.node_rules import first_refusal
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
 from compiler.ir import dynamic
@@ -100,7 +100,7 @@ class MLXBackend(Backend):
         self.partitioner = MLXPartitioner(**partitioner_options)
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
-        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program):
+        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program), handlers.dynamic_sizes_inferred():
             ops, _ = self.partitioner.ops_to_not_decompose(program)
         # An op one of our rules sends to the CPU must not be kept whole for MLX
         # (the same rule stock applies to the nodes its own check declines).
@@ -120,7 +120,7 @@ class MLXBackend(Backend):
             rewrite(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
-        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program):
+        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program), handlers.dynamic_sizes_inferred():
             stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
         guarded = support.GuardedSupport(stock)
         found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)
@@ -142,6 +142,10 @@ class MLXBackend(Backend):
         for node, why in mlx_unsupported_reasons(stock).items():
             reasons.setdefault(node.name, _refusal(program, node, why))
         return BackendPartition(partitions, reasons)
+
+    def lowering(self, dependency_checks: bool = False):
+        """Stock's handlers run again in `preprocess`, with the same replacements as in the search."""
+        return handlers.dynamic_sizes_inferred()
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         return f"MLX's partitioner left {op_name(node.target)} out of every delegate (it gave no reason)"

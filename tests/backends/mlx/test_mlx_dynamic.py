@@ -17,14 +17,34 @@ def test_causal_attention_runs_at_other_lengths():
     assert max(largest_errors(result, model, inputs).values()) < TOLERANCE
 
 
-def test_handler_that_would_fix_the_size_stays_on_the_cpu_and_says_why():
+def test_an_index_with_a_dynamic_result_is_delegated_and_runs_at_other_lengths():
+    """Stock's index handler reshapes to its output shape taken as ints: ours infers the one dynamic size."""
     model, inputs, dynamic = position_gather()
     result = compiler.compile(model, inputs, "mlx", dynamic_shapes=dynamic)
     assert symbolic_input_dims(result.stages["lower"].program)
     (index,) = [row for row in result.report.placement if row.op == "aten.index.Tensor"]
-    assert index.where == "cpu", index
-    assert "x's dim 1" in index.reason and "2..32" in index.reason, index.reason
+    assert index.where == "MLXBackend", index
     assert max(largest_errors(result, model, inputs).values()) < TOLERANCE
+
+
+class GatherOfTwoDynamicSizes(torch.nn.Module):
+    def forward(self, x):
+        rows, cols = torch.arange(x.shape[0]), torch.arange(x.shape[1])
+        return x[rows[:, None], cols[None, :]] * 2
+
+
+def test_a_handler_that_would_fix_a_size_stays_on_the_cpu_and_says_why():
+    """An index result with two dynamic sizes is more than one inferred size: stock's handler
+    takes them as numbers, which would fix them; refused, it names the dimensions."""
+    model, inputs = GatherOfTwoDynamicSizes(), (torch.randn(6, 8),)
+    dynamic = ({0: torch.export.Dim("n", min=2, max=16), 1: torch.export.Dim("m", min=2, max=16)},)
+    result = compiler.compile(model, inputs, "mlx", dynamic_shapes=dynamic)
+    assert len(symbolic_input_dims(result.stages["lower"].program)) == 2
+    (index,) = [row for row in result.report.placement if row.op == "aten.index.Tensor"]
+    assert index.where == "cpu", index
+    assert "takes the dynamic size x's dim 0 (s" in index.reason and "2..16" in index.reason, index.reason
+    (got,) = compiler.run(result, (torch.randn(3, 11),))
+    assert got.shape == (3, 11)
 
 
 class GatherAcrossADynamicDim(torch.nn.Module):
