@@ -2,6 +2,7 @@
 stage files and resumes per method, and the check of a sequence of calls against eager."""
 
 import os
+import types
 
 import pytest
 import torch
@@ -244,3 +245,26 @@ def test_state_a_delegate_holds_cannot_be_shared(backend, options):
     with pytest.raises(compiler.CompileError, match="held by a delegate") as info:
         compiler.compile_methods(methods, backend, backend_options=options)
     assert info.value.stage == "emit"
+
+
+class ThroughAnObject(torch.nn.Module):
+    """State reached through a plain object, as transformers' caches are: export lifts it as a
+    constant, which capture reads through the module's buffer of the same tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("state", torch.zeros(1, WIDTH))
+        self.box = types.SimpleNamespace(state=self.state)
+
+    def write(self, x):
+        self.box.state.copy_(x * 3)
+        return x + 1
+
+    def read(self, x):
+        return self.box.state + x
+
+
+def test_state_reached_through_an_object_is_shared():
+    model, x = ThroughAnObject().eval(), torch.randn(1, WIDTH)
+    result = compiler.compile_methods({"write": (model.write, (x,)), "read": (model.read, (x,))}, "portable")
+    assert compiler.check_methods(result, [("write", (x,)), ("read", (x,))]).passed

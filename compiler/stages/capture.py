@@ -120,9 +120,11 @@ def _same_tensor_key(value: torch.Tensor) -> tuple:
 def mutated_constants_as_buffers(ep: ExportedProgram) -> list[str]:
     """Turn every lifted constant the graph writes into a non-persistent buffer; returns their targets.
 
-    A written constant that is the very tensor of a buffer (registered under another name,
-    or another written constant) is read through that buffer instead: two placeholders for
-    one written tensor are aliased inputs, which functionalization cannot export.
+    A constant that is the very tensor of a buffer (registered under another name, or another
+    written constant) is read through that buffer instead: two placeholders for one written
+    tensor are aliased inputs, which functionalization cannot export; and a state one method of
+    a program writes, another may only read (through a cache object rather than the module's
+    buffer): as a constant it would be its value at capture in that method.
     """
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     buffers: dict[tuple, torch.fx.Node] = {}
@@ -133,20 +135,22 @@ def mutated_constants_as_buffers(ep: ExportedProgram) -> list[str]:
     written, merged = [], []
     for spec in list(ep.graph_signature.input_specs):
         node = placeholders[spec.arg.name]
-        if spec.kind != InputKind.CONSTANT_TENSOR or not any(writes_argument(u, node) for u in node.users):
+        if spec.kind != InputKind.CONSTANT_TENSOR:
             continue
         key = _same_tensor_key(ep.constants[spec.target])
+        writes = any(writes_argument(u, node) for u in node.users)
         if key in buffers:
             node.replace_all_uses_with(buffers[key])
             ep.graph.erase_node(node)
             ep.graph_signature.input_specs.remove(spec)
             del ep.constants[spec.target]
             merged.append(spec.target)
-        else:
+        elif writes:
             spec.kind, spec.persistent = InputKind.BUFFER, False
             buffers[key] = node
-        written.append(spec.target)
-    if written:
+        if writes:
+            written.append(spec.target)
+    if written or merged:
         ep.graph_module.recompile()
         logger.info("capture: constants written in forward became buffers: %s (read as a buffer: %s)", written, merged)
     return written
