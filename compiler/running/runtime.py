@@ -58,13 +58,49 @@ def _computes_its_own_dtype(delegate_id: str) -> bool:
     return target is not None and target.no_bfloat16 is None and target.default_compute_precision is None
 
 
-def _computed_dtype(pte: bytes) -> torch.dtype | None:
+def _input_bounds(program: Any) -> dict[str, list[tuple[list[int], bool] | None]]:
+    """Method -> per input, the sizes its memory was planned for (a dynamic size's maximum) and
+    whether it may be given smaller; None for an input that is not a tensor."""
+    from executorch.exir import schema
+
+    return {
+        plan.name: [
+            (list(value.sizes), value.shape_dynamism != schema.TensorShapeDynamism.STATIC)
+            if isinstance(value := plan.values[index].val, schema.Tensor) else None
+            for index in plan.inputs
+        ]
+        for plan in program.execution_plan
+    }
+
+
+def _refuse_unplanned_sizes(leaves: Sequence[Any], bounds: list, method: str) -> None:
+    """A named error for an input the program has no memory for, instead of the runtime's
+    'set_inputs() failed with error 0x10' or the reference executor's resize error."""
+    for position, (leaf, bound) in enumerate(zip(leaves, bounds)):
+        if bound is None or not isinstance(leaf, torch.Tensor):
+            continue
+        sizes, dynamic = bound
+        where = f"input {position} of {method}"
+        if leaf.dim() != len(sizes):
+            raise UserInputError(f"{where} has {leaf.dim()} dimensions; the program takes {len(sizes)}")
+        for dim, (given, planned) in enumerate(zip(leaf.shape, sizes)):
+            if given > planned or (not dynamic and given != planned):
+                raise UserInputError(
+                    f"{where} has size {given} in dimension {dim}, "
+                    + (f"above the program's {planned} (the top of the dimension's declared range, which its "
+                       "memory is planned for)" if dynamic else f"where the program takes only {planned}"),
+                    hint="compile with the dimension dynamic over a range that holds this size "
+                    "(dynamic_shapes, torch.export.Dim(name, max=N))",
+                )
+
+
+def _computed_dtype(program: Any) -> torch.dtype | None:
     from executorch.exir import schema
 
     from compiler.running.reference import TORCH_DTYPES
 
     dtypes = []
-    for plan in deserialize_pte(pte).program.execution_plan:
+    for plan in program.execution_plan:
         for instruction in (i for chain in plan.chains for i in chain.instructions):
             call = instruction.instr_args
             if isinstance(call, schema.KernelCall) and plan.operators[call.op_index].name in _CONVERSIONS:
@@ -98,7 +134,9 @@ class LoadedProgram:
         pte, delegates = _pte_and_delegates(program)
         # The least precise floating dtype the program's kernels and delegates take or make, dtype
         # conversions aside (a bfloat16 model computed in float32 converts at its edges).
-        self.computes_in = _computed_dtype(pte)
+        deserialized = deserialize_pte(pte).program
+        self.computes_in = _computed_dtype(deserialized)
+        self._bounds = _input_bounds(deserialized)
         runtime = Runtime.get()
         missing = sorted(d for d in delegates if not runtime.backend_registry.is_available(d))
         unrunnable = [d for d in missing if backends.delegate_runner(d) is None]
@@ -128,8 +166,10 @@ class LoadedProgram:
         return self._reference is not None and self._reference.computes_in_float16
 
     def __call__(self, inputs: Sequence[Any], method: str = "forward") -> list[torch.Tensor]:
+        leaves = list(pytree.tree_leaves(tuple(inputs)))
+        _refuse_unplanned_sizes(leaves, self._bounds.get(method, []), method)
         # Cloned: an output may live in the program's planned memory, which the next run reuses.
-        outputs = self._execute(list(pytree.tree_leaves(tuple(inputs))), method)
+        outputs = self._execute(leaves, method)
         return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
 
 

@@ -2,9 +2,11 @@
 declared range too, not only at the example's size, and reports the worst."""
 
 import attrs
+import pytest
 import torch
 
 import compiler
+from compiler.ir.errors import UserInputError
 from compiler.running.runtime import compare_with_eager
 from dynamic_shape_models import causal_attention
 
@@ -35,3 +37,15 @@ def test_a_pte_alone_is_checked_at_the_example_size():
     model, inputs, dynamic = causal_attention()
     result = compiler.compile(model, inputs, "portable", dynamic_shapes=dynamic)
     assert compare_with_eager(result.pte, model, inputs).sizes == ()
+
+
+@pytest.mark.parametrize("backend", ["portable", "mlx"])
+def test_an_input_above_the_range_is_refused_by_name(backend):
+    """ExecuTorch's runtime says 'set_inputs() failed with error 0x10', the reference executor
+    'Trying to resize storage that is not resizable'."""
+    model, inputs, dynamic = causal_attention()
+    result = compiler.compile(model, inputs, backend, dynamic_shapes=dynamic)
+    with pytest.raises(UserInputError, match=r"input 0 of forward has size 40 in dimension 1, above the program's 32"):
+        compiler.run(result, (torch.randint(0, 40, (1, 40)),))
+    with pytest.raises(UserInputError, match=r"input 0 of forward has 3 dimensions; the program takes 2"):
+        compiler.run(result, (torch.randint(0, 40, (1, 4, 2)),))
