@@ -15,6 +15,10 @@ XNNPACK and portable programs then fail at run time with error 0x10). From captu
 on, every program's constants own their bytes in row-major order, invariants each
 artifact type checks; fold stores the constants it makes the same way.
 
+A dynamic input size without an upper bound (`torch.export.Dim("seq")`, `Dim.AUTO`) is
+refused by name: ExecuTorch plans each tensor's memory for its size's upper bound, and for
+the example's size where there is none, so the program would refuse every longer input.
+
 Every mutated buffer's new value is given a node of its own here. Two buffers
 given the same value (`self.a.copy_(x); self.b.copy_(x)`, or `self.b.copy_(self.a)`
 after `self.a.add_(x)`) break torch's own signature check once the program is
