@@ -10,6 +10,7 @@ import contextlib
 import inspect
 import logging
 import os
+import types
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import attrs
@@ -418,6 +419,35 @@ def _state_named_once(given: Mapping[str, Any]) -> None:
         )
 
 
+@contextlib.contextmanager
+def _named_method_errors():
+    """A compile error of one method names it (`method.name`, set by the caller as it goes)."""
+    from compiler.ir.errors import CompileError
+
+    method = types.SimpleNamespace(name=None)
+    try:
+        yield method
+    except CompileError as error:
+        error.reason = f"method {method.name!r}: {error.reason}"
+        error.args = (error.reason,)
+        raise
+
+
+def _written_state(spec: Any, backend: Any, backend_options: Any, config: Any, driving: DriverOptions) -> set[str]:
+    """The buffers a method writes, from its program as captured (or as its stage file holds it)."""
+    from compiler.driver.stage_files import load_stage_file
+    from compiler.ir.graph import written_buffers
+
+    if isinstance(spec, str):
+        return written_buffers(load_stage_file(spec).artifact.program)
+    module, _, inputs, dynamic = spec
+    captured = compile(
+        module, inputs, backend, backend_options=backend_options, dynamic_shapes=dynamic, config=config,
+        stop_after="capture", reproducer=False, cache=False, capture_dependency_output=driving.capture_dependency_output,
+    )
+    return written_buffers(captured.artifact.program)
+
+
 def compile_methods(
     methods: Mapping[str, Any],
     backend: str | None = None,
@@ -437,7 +467,6 @@ def compile_methods(
     from compiler.driver.instruments import StageMessages, instruments_for
     from compiler.driver.pipeline import Pipeline
     from compiler.ir.artifacts import LoweredMethods
-    from compiler.ir.errors import CompileError
     from compiler.reporting.report import MethodsReport
     from compiler.stages.emit import EmitMethods
     from compiler.stages.options import constant_method_values
@@ -454,24 +483,28 @@ def compile_methods(
     emits = driving.stop_after in (None, "emit")
     per_method = {**options, "stop_after": "lower" if emits else driving.stop_after}
     results: dict[str, CompileResult] = {}
-    for name, spec in given.items():
-        folders = {key: os.path.join(os.fspath(options[key]), name) for key in ("dump_dir", "reproducer_dir") if options.get(key)}
-        try:
+    with _named_method_errors() as method:
+        written = {}
+        for method.name, spec in given.items():
+            written[method.name] = _written_state(spec, backend, backend_options, config, driving)
+        for method.name, spec in given.items():
+            # State the other methods write stays the program's where this method's delegates read it.
+            state = sorted(set().union(*(w for other, w in written.items() if other != method.name)))
+            folders = {
+                key: os.path.join(os.fspath(options[key]), method.name)
+                for key in ("dump_dir", "reproducer_dir") if options.get(key)
+            }
+            run = {**per_method, **folders, "partition_program_state": tuple(state)}
             if isinstance(spec, str):
-                results[name] = compile(
-                    None, backend=backend, backend_options=backend_options, config=config,
-                    **{**per_method, **folders, "resume_from": spec},
+                results[method.name] = compile(
+                    None, backend=backend, backend_options=backend_options, config=config, **run, resume_from=spec
                 )
             else:
                 module, _, inputs, dynamic = spec
-                results[name] = compile(
+                results[method.name] = compile(
                     module, inputs, backend, backend_options=backend_options, dynamic_shapes=dynamic, config=config,
-                    **{**per_method, **folders},
+                    **run,
                 )
-        except CompileError as error:
-            error.reason = f"method {name!r}: {error.reason}"
-            error.args = (error.reason,)
-            raise
     eager = {name: spec[1] for name, spec in given.items() if isinstance(spec, tuple)}
     reports = {name: result.report for name, result in results.items()}
     if not emits:

@@ -221,10 +221,20 @@ class Accumulator(torch.nn.Module):
         return self.state + x
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
-def test_state_one_method_writes_and_another_reads(backend):
+@pytest.mark.parametrize(
+    "backend, options",
+    [
+        ("portable", None),
+        ("xnnpack", None),
+        # 'read' alone would copy the state into its payload as a constant: it stays the program's
+        ("coreml", {"minimum_deployment_target": "iOS18", "take_over_mutable_buffer": False}),
+    ],
+)
+def test_state_one_method_writes_and_another_reads(backend, options):
     model, x = Accumulator().eval(), torch.randn(1, WIDTH)
-    result = compiler.compile_methods({"add": (model.add, (x,)), "read": (model.read, (x,))}, backend)
+    result = compiler.compile_methods({"add": (model.add, (x,)), "read": (model.read, (x,))}, backend, backend_options=options)
+    if backend == "coreml":
+        assert result.methods["read"].report.stage("partition").metrics["program_state"] == "owner.state"
     calls = [("add", (x,)), ("read", (x,)), ("add", (x,)), ("read", (x,))]
     assert compiler.check_methods(result, calls).passed
 
@@ -233,13 +243,11 @@ def test_state_one_method_writes_and_another_reads(backend):
     "backend, options",
     [
         ("coreml", {"minimum_deployment_target": "iOS18"}),  # Core ML state in 'add'
-        ("coreml", {"minimum_deployment_target": "iOS18", "take_over_mutable_buffer": False}),  # a constant in 'read'
-        ("mlx", None),
+        ("mlx", None),  # MLX state in 'add'
     ],
 )
 def test_state_a_delegate_holds_cannot_be_shared(backend, options):
-    """The state would be a delegate's own (or a constant baked into the reading method's payload):
-    'read' would never see what 'add' wrote."""
+    """The state would be the writing method's delegate's own: 'read' would never see what 'add' wrote."""
     model, x = Accumulator().eval(), torch.randn(1, WIDTH)
     methods = {"add": (model.add, (x,)), "read": (model.read, (x,))}
     with pytest.raises(compiler.CompileError, match="held by a delegate") as info:

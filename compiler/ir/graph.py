@@ -58,6 +58,17 @@ def writes_argument(node: torch.fx.Node, target: torch.fx.Node) -> bool:
     return target in written_arguments(node)
 
 
+def written_buffers(ep: ExportedProgram) -> set[str]:
+    """The buffers the program writes: mutations it returns, and in-place writes of a buffer's
+    placeholder (a program as captured, before functionalization)."""
+    buffers = ep.graph_signature.inputs_to_buffers
+    written = set(ep.graph_signature.buffers_to_mutate.values())
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in buffers and any(writes_argument(u, node) for u in node.users):
+            written.add(buffers[node.name])
+    return written
+
+
 def lift_constant(ep: ExportedProgram, name: str, value: torch.Tensor, fake_mode) -> torch.fx.Node:
     """A new lifted constant `name` holding `value`: its placeholder (before the user inputs,
     where the signature lists constants), its signature entry and its data."""

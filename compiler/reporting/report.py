@@ -86,6 +86,7 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     "from_dry_run": lambda _: "the dry run's decomposition, which kept exactly these ops whole",
     # partition
     "search_from_dry_run": lambda _: "the dry run's partition search of this very program",
+    "program_state": lambda names: f"kept state other methods write the program's (not a delegate's constant): {names}",
     # split_constants
     "copies": lambda n: f"made {_count(n, 'constant copy', 'constant copies')} for delegates sharing one"
     if n else "no constant copies needed",

@@ -21,6 +21,7 @@ from compiler.stages.options import (
     EmitOptions,
     FoldOptions,
     NoOptions,
+    PartitionOptions,
     PrecisionOptions,
     QuantizeOptions,
 )
@@ -50,7 +51,7 @@ STAGES: tuple[StageRow, ...] = (
     StageRow("fold", "Fold", FoldOptions),
     StageRow("dry_run", "DryRun", DryRunOptions),
     StageRow("decompose", "Decompose"),
-    StageRow("partition", "Partition"),
+    StageRow("partition", "Partition", PartitionOptions),
     StageRow("split_constants", "SplitConstants"),
     StageRow("lower", "Lower"),
     StageRow("emit", "Emit", EmitOptions),

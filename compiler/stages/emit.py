@@ -93,8 +93,8 @@ def _check_shared_state(lowered: Mapping[str, LoweredProgram]) -> None:
             if shared:
                 holder = other if written[name] & held[other] else name
                 raise CompileError(
-                    f"the state {', '.join(shared)} that method {name!r} writes is held by a delegate of method "
-                    f"{holder!r}, and method {other!r} uses it too: a delegate keeps a copy of its own",
+                    f"the state {', '.join(shared)} that method {name!r} writes and method {other!r} uses is held by "
+                    f"a delegate of method {holder!r}, which keeps a copy of its own",
                     stage="emit",
                     hint="keep state the methods share on the CPU in every method (the backend's option not to take "
                     "over mutable buffers), or give it to one method only",

@@ -204,6 +204,15 @@ def _entries(given: Any) -> Any:
 
 
 @attrs.frozen
+class PartitionOptions:
+    program_state: tuple[str, ...] = option(
+        (), "buffers that stay the program's where a delegate only reads them, instead of constants in its "
+        "payload: state another method of the program writes (compile_methods sets it)",
+        kind=str, metavar="BUFFER", converter=_entries,
+    )
+
+
+@attrs.frozen
 class EmitOptions:
     extract_delegate_segments: bool = option(
         True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it"

@@ -17,6 +17,7 @@ refuses (a 3-D convolution) are rewritten into calls it takes
 
 from __future__ import annotations
 
+import attrs
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
@@ -96,9 +97,34 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     return PartitionedProgram(program, plan, edge.preserved_ops, refused)
 
 
+def keep_program_state(partitioned: PartitionedProgram, names: tuple[str, ...]) -> tuple[PartitionedProgram, list[str]]:
+    """The buffers of `names` a delegate took stay the program's, given to the delegate as inputs:
+    a delegate copies a buffer it only reads into its payload as a constant, so it would never see
+    what another method of the program writes there. Returns the program and those buffers."""
+    buffers = partitioned.program.graph_signature.inputs_to_buffers
+    taken = {
+        n.name: buffers[n.name] for n in partitioned.program.graph.nodes
+        if n.op == "placeholder" and buffers.get(n.name) in names and n.meta.get(DELEGATION_TAG)
+    }
+    if not taken:
+        return partitioned, []
+    program = copy_program(partitioned.program)
+    for node in program.graph.nodes:
+        if node.name in taken:
+            node.meta.pop(DELEGATION_TAG)
+    other_tags = {name: tag for name, tag in partitioned.plan.other_tags.items() if name not in taken}
+    plan = attrs.evolve(partitioned.plan, other_tags=other_tags)
+    return attrs.evolve(partitioned, program=program, plan=plan), sorted(taken.values())
+
+
 class Partition(Stage, takes=EdgeProgram, returns=PartitionedProgram):
     def apply(self, edge: EdgeProgram, ctx: StageContext) -> PartitionedProgram:
         if edge.searched is not None:
             ctx.metrics["search_from_dry_run"] = True
-            return edge.searched
-        return partition(edge, ctx.backend)
+            partitioned = edge.searched
+        else:
+            partitioned = partition(edge, ctx.backend)
+        partitioned, kept = keep_program_state(partitioned, ctx.options.program_state)
+        if kept:
+            ctx.metrics["program_state"] = ", ".join(kept)
+        return partitioned
