@@ -10,7 +10,10 @@ Core ML and MLX) compared token by token with eager, the worst logit error over 
 and on XNNPACK the runner's prefill and decode milliseconds per token (its `prefill` and
 `generate` timed here, medians of three rounds; on 2 shared cores, so a guide, not a
 measurement of a device), also for a program whose calls take any
-number of tokens (`dynamic_prefill`: the runner prefills the prompt in one call). Cells merge by key into
+number of tokens (`dynamic_prefill`: the runner prefills the prompt in one call). The tiny Whisper
+(`compiler.tools.transcription`) is one program of two methods, `encoder` and `text_decoder`, sharing
+the cross-attention cache: greedy decoding run by ExecuTorch's runtime (portable, XNNPACK) or the
+reference executor, each call's logits against eager. Cells merge by key into
 benchmarks/results/generation.json; the table between the README's `generation-table` markers
 is rendered from every cell held (tests/test_generation.py checks it is the committed results').
 Light to import: torch loads only when it measures.
@@ -27,7 +30,9 @@ import time
 from compiler.tools import readme
 
 SECTION = "generation-table"
-MODELS = ("llama", "qwen3", "gemma")
+# The encoder-decoder: a program of two methods (compiler.tools.transcription), not a TextLLMRunner one.
+SPEECH = "whisper"
+MODELS = ("llama", "qwen3", "gemma", SPEECH)
 # Each column: the backend and the job's options (on XNNPACK also a program whose calls take the whole
 # prompt, which the runner prefills in one call).
 ONE_CALL = "xnnpack, prompt in one call"
@@ -47,7 +52,12 @@ def measure(model: str, column: str, tokens: int) -> dict:
     backend, options = BACKENDS[column]
     start = time.perf_counter()
     try:
-        job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64, **options)
+        if model == SPEECH:
+            from compiler.tools.transcription import transcribe
+
+            job = transcribe(backend, tokens=tokens, check=True, max_cache_len=64, **options)
+        else:
+            job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64, **options)
     except compiler.CompileError as error:
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
     return {**job.check.to_json(), "seconds": time.perf_counter() - start}
@@ -76,10 +86,11 @@ def table(results: dict) -> str:
             if "error" in cell:
                 lines.append(f"| {model} | {backend} | fails: {cell['error'][:80]} | | | | | |")
                 continue
-            metadata = len(cell["methods"]) - 1
+            methods = cell.get("program_methods", ["forward"])
+            metadata = len(cell["methods"]) - len(methods)
             on_xnnpack = BACKENDS[backend][0] == "xnnpack"
             lines.append(
-                f"| {model} | {backend} | forward + {metadata} metadata | {_tokens(cell)} | {cell['runner']} "
+                f"| {model} | {backend} | {' + '.join(methods)} + {metadata} metadata | {_tokens(cell)} | {cell['runner']} "
                 f"| {cell['worst_logit_error']:.1e} ({cell['tolerance']:.0e}) "
                 f"| {_milliseconds(cell['prefill_ms_per_token'] if on_xnnpack else None)} "
                 f"| {_milliseconds(cell['decode_ms_per_token'] if on_xnnpack else None)} |"
@@ -105,6 +116,8 @@ def main() -> None:
             results = json.load(f)["results"]
     for model in args.models:
         for backend in args.backends:
+            if model == SPEECH and backend == ONE_CALL:
+                continue  # its decoder takes one token a call
             cell = measure(model, backend, args.tokens)
             results.setdefault(model, {})[backend] = cell
             print(f"{model} {backend}: {table({model: {backend: cell}}).splitlines()[-1]}", flush=True)

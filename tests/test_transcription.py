@@ -1,0 +1,47 @@
+"""The Whisper-style encoder-decoder: one program of `encoder` and `text_decoder` sharing the
+cross-attention cache the encoder fills, decoding greedily as eager does."""
+
+import pytest
+import torch
+
+import compiler
+from compiler.ir.private_api import deserialize_pte
+from compiler.models import asr
+from compiler.tools import transcription
+
+pytest.importorskip("transformers")
+
+
+def test_whisper_decodes_as_eager_on_portable(tmp_path):
+    job = transcription.transcribe("portable", tokens=8, output_dir=tmp_path, check=True)
+    check = job.check
+    assert check.passed, check.describe()
+    assert check.runner == transcription.RUNTIME
+    assert len(check.program_tokens) == 8 and len(set(check.eager_tokens)) > 1
+    names = [plan.name for plan in deserialize_pte(job.pte_path.read_bytes()).program.execution_plan]
+    assert {"encoder", "text_decoder", "get_max_seq_len", "decoder_start_token_id"} <= set(names)
+    # The decoder reads the cross-attention keys from the one buffer the encoder writes.
+    decoder = job.result.methods["text_decoder"].artifact.program.graph_signature
+    assert "owner.cross_keys_0" in decoder.inputs_to_buffers.values()
+    assert "owner.cross_keys_0" not in decoder.buffers_to_mutate.values()
+
+
+def test_the_eager_step_is_checked_against_transformers():
+    """The eager reference's cached steps agree with the model's own uncached forward."""
+    model = asr.speech_model()
+    tokens, encoded = transcription.eager_greedy(model, 4)
+    assert len(tokens) == 4 and encoded.shape == (1, 16, 64)
+    assert not model.methods.self_keys_0.any()  # the eager caches are empty again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["xnnpack", "coreml", "mlx"])
+def test_whisper_decodes_as_eager(backend):
+    check = transcription.transcribe(backend, tokens=32, check=True).check
+    assert check.passed, check.describe()
+    assert check.runner == (transcription.RUNTIME if backend == "xnnpack" else transcription.REFERENCE)
+
+
+def test_too_many_tokens_for_the_cache():
+    with pytest.raises(compiler.UserInputError, match="do not fit"):
+        transcription.check_transcription(b"", asr.speech_model(max_cache_len=8), "portable", steps=9)
