@@ -45,3 +45,12 @@ def test_whisper_decodes_as_eager(backend):
 def test_too_many_tokens_for_the_cache():
     with pytest.raises(compiler.UserInputError, match="do not fit"):
         transcription.check_transcription(b"", asr.speech_model(max_cache_len=8), "portable", steps=9)
+
+
+def test_the_transcribe_command(tmp_path, capsys):
+    from compiler.cli.main import main
+
+    assert main(["transcribe", "--tokens", "3", "--check", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 greedy tokens equal to eager's" in out and "text_decoder" in out
+    assert (tmp_path / "whisper.pte").is_file()
