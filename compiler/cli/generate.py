@@ -32,6 +32,12 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
         help="calls take any number of tokens (enable_dynamic_shape): the runner prefills the prompt in one call, "
         "not token by token",
     )
+    command.add_argument(
+        "--no-backend-llm-ops", dest="backend_llm_ops", action="store_false", default=None,
+        help="keep torch's attention and KV-cache update instead of the backend's own LLM ops (XNNPACK and "
+        "portable: ExecuTorch's llama::update_cache and llama::custom_sdpa; MLX: mlx::kv_cache_update and "
+        "mlx::custom_sdpa), which are chosen where the backend has them",
+    )
     command.add_argument("-o", "--output-dir", metavar="DIR", help="write <model>.pte and tokenizer.json here")
     command.add_argument(
         "--check", action="store_true",
@@ -52,9 +58,10 @@ def run(args: argparse.Namespace, terminal) -> int:
     job = generation.generate(
         args.model, args.backend, tokens=args.tokens, output_dir=output, check=args.check,
         max_cache_len=args.max_cache_len, tolerance=args.tolerance, dynamic_prefill=args.dynamic_prefill,
-        instruments=instruments, **prompt,
+        backend_llm_ops=args.backend_llm_ops, instruments=instruments, **prompt,
     )
     terminal.table(*job.result.report.stage_rows())
+    terminal.say(f"\nLLM ops: {job.llm_ops_reason}")
     if job.pte_path:
         terminal.say(f"\nwrote {job.pte_path} ({job.pte_path.stat().st_size} bytes) and {job.tokenizer_path}")
     else:

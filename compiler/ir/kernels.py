@@ -80,9 +80,21 @@ def load_quantized_kernels() -> None:
 
 
 @functools.lru_cache(maxsize=1)
+def load_llm_kernels() -> None:
+    """Register ExecuTorch's LLM custom ops (`llama::custom_sdpa`, `llama::update_cache`,
+    `llama::sdpa_with_kv_cache`...) for both sides: importing the wheel's
+    `extension.llm.custom_ops` loads `libcustom_ops_aot_lib.so`, which holds torch's
+    implementations (eager, export) and the runtime's `.out` kernels, registered into the
+    `libexecutorch.so` the pybindings and TextLLMRunner link. Nothing else loads it, so
+    without this a program calling them fails to load: "Missing operator llama::custom_sdpa.out"."""
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
+@functools.lru_cache(maxsize=1)
 def registered_kernels() -> frozenset[str]:
     """Names like `aten::add.out` that the runtime linked into this process registers."""
     load_quantized_kernels()
+    load_llm_kernels()
     return frozenset(registered_operator_names())
 
 
@@ -149,6 +161,7 @@ def missing_kernel(target: Any) -> str | None:
     """What `target` needs on the CPU that the runtime lacks: a kernel name, or its
     missing out variant; None when the runtime can run it."""
     load_quantized_kernels()  # before any out variant is looked up (and cached)
+    load_llm_kernels()
     try:
         name = kernel_name(target)
     except LookupError:

@@ -384,6 +384,18 @@ def views_to_reshape(program: ExportedProgram, kept: list[torch.fx.Node]) -> lis
     return views
 
 
+def _restore_functionalized_twins(program: ExportedProgram, originals: dict) -> None:
+    """A kept mutating op comes out of functionalization as the op argument of an
+    `auto_functionalized` call, which stock's restore (node targets only) leaves as the
+    no-decompose twin: no backend or kernel knows the twin (MLX refused its KV-cache update,
+    'auto_functionalized_v2 wrapping EDGE_DO_NOT_DECOMP.kv_cache_update'). Twins are matched by
+    name: functionalization looks the twin up again, as another object."""
+    for node in program.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            if node.args and str(node.args[0]) in originals:
+                node.args = (originals[str(node.args[0])], *node.args[1:])
+
+
 def decompose(
     program: ExportedProgram, keep_nodes: frozenset[str] | set[str]
 ) -> tuple[ExportedProgram, list[torch._ops.OpOverload]]:
@@ -404,6 +416,7 @@ def decompose(
         for node, target in originals:  # the input artifact must come back unchanged
             node.target = target
     restore_no_decompose_ops(decomposed)
+    _restore_functionalized_twins(decomposed, {str(twin): op for (_, twin), (_, op) in zip(retargeted, originals)})
     cast_cat_inputs(decomposed)
     return decomposed, sorted({node.target for node in kept}, key=str)
 

@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from compiler.ir.errors import CompileError, UserInputError
-from compiler.models import llm
+from compiler.models import llm, llm_ops
 from compiler.running.tolerance import Tolerance
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,8 @@ class GenerationCheck:
     methods: tuple[str, ...]  # the .pte's methods
     prefill_ms_per_token: float | None = None  # under TextLLMRunner
     decode_ms_per_token: float | None = None
+    llm_ops: str | None = None  # the backend's own LLM ops the program calls (llm_ops.BackendOps.name), if any
+    llm_ops_reason: str = ""  # why those, or why none
 
     @property
     def first_difference(self) -> int | None:
@@ -142,7 +144,8 @@ class GenerationCheck:
             if self.prefill_ms_per_token is not None else ""
         )
         return (
-            f"generation check ({self.model} on {self.backend}, tokens by {self.runner}): {tokens}; worst logit "
+            f"generation check ({self.model} on {self.backend}{f' with {self.llm_ops}:: ops' if self.llm_ops else ''}, "
+            f"tokens by {self.runner}): {tokens}; worst logit "
             f"error {self.worst_logit_error:.3g} at call {self.worst_call} -> {'OK' if self.passed else 'MISMATCH'} "
             f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}){timing}"
         )
@@ -155,6 +158,7 @@ class GenerationCheck:
             "worst_logit_error": self.worst_logit_error, "worst_call": self.worst_call,
             "tolerance": self.tolerance.absolute, "tolerance_rule": self.tolerance.rule, "methods": list(self.methods),
             "prefill_ms_per_token": self.prefill_ms_per_token, "decode_ms_per_token": self.decode_ms_per_token,
+            "llm_ops": self.llm_ops, "llm_ops_reason": self.llm_ops_reason,
         }
 
 
@@ -244,6 +248,7 @@ def check_generation(
     """Greedy generation of `steps` tokens by the program (a CompileResult, `.pte` bytes or path)
     against eager: tokens token by token, every call's logits within the tolerance (`tolerance`,
     absolute, or the backend's); on XNNPACK and portable `repeats` timed rounds of the runner."""
+    from compiler.ir.kernels import load_llm_kernels
     from compiler.running.runtime import LoadedProgram
 
     prompt_ids = prompt_tokens(model, prompt)
@@ -262,6 +267,7 @@ def check_generation(
             hint="check the model's static cache: the step and generate must compute the same logits",
         )
     pte = _pte(program)
+    load_llm_kernels()  # a program made elsewhere (optimum-executorch's) may call ExecuTorch's LLM ops
     loaded = LoadedProgram(pte)
     errors, program_argmax = [], []
     largest = 0.0
@@ -307,18 +313,22 @@ class GenerationJob:
     pte_path: pathlib.Path | None
     tokenizer_path: pathlib.Path | None
     check: GenerationCheck | None
+    llm_ops: str | None = None  # the backend's LLM ops the program calls, if any
+    llm_ops_reason: str = ""  # why those, or why none
 
 
 def generate(
     model: Any, backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None,
     check: bool = False, prompt: str = DEFAULT_PROMPT, max_cache_len: int = 64, tolerance: float | None = None,
-    dynamic_prefill: bool = False, backend_options: dict | None = None, **options: Any,
+    dynamic_prefill: bool = False, backend_options: dict | None = None, backend_llm_ops: bool | None = None,
+    **options: Any,
 ) -> GenerationJob:
     """Compile a causal LM (a built-in name, a `save_pretrained` folder, a transformers model, or a
     `TextModel`) into a program TextLLMRunner runs: `<name>.pte` and `tokenizer.json` in
     `output_dir`; with `check`, greedy generation of `tokens` tokens checked against eager.
     `dynamic_prefill`: calls take any number of tokens, so the runner prefills the prompt in one.
-    `options` are compile's."""
+    `backend_llm_ops`: the step calls the backend's own attention and KV-cache ops (`llm_ops`), by
+    default where the backend has them; False keeps torch's. `options` are compile's."""
     from compiler import api
 
     if tokens < 1:
@@ -334,9 +344,12 @@ def generate(
     )
     backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*text.constant_methods, *options.pop("emit_constant_methods", ()))
+    ops, why = llm_ops.choose(backend, backend_llm_ops)
+    logger.info("LLM ops: %s", why)
     text.reset()
+    step = llm_ops.rewritten_step(text, ops) if ops is not None else text.step
     result = api.compile(
-        text.step, text.example_inputs, backend, backend_options=backend_options or None,
+        step, text.example_inputs, backend, backend_options=backend_options or None,
         dynamic_shapes=text.dynamic_shapes, emit_constant_methods=constant, **options,
     )
     pte_path = tokenizer_path = None
@@ -348,7 +361,10 @@ def generate(
         llm.tokenizer(text).save(str(tokenizer_path))
         logger.info("wrote %s and %s", pte_path, tokenizer_path)
     checked = (
-        check_generation(result, text, backend, tokens, prompt, tolerance=tolerance)
+        attrs.evolve(
+            check_generation(result, text, backend, tokens, prompt, tolerance=tolerance),
+            llm_ops=ops and ops.name, llm_ops_reason=why,
+        )
         if check else None
     )
-    return GenerationJob(text, result, pte_path, tokenizer_path, checked)
+    return GenerationJob(text, result, pte_path, tokenizer_path, checked, ops and ops.name, why)

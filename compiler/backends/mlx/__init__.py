@@ -97,6 +97,7 @@ class MLXBackend(Backend):
         ensure_generated()
         from executorch.backends.mlx.partitioner import MLXPartitioner
 
+        handlers.register_item_of_a_tensor()
         self.partitioner = MLXPartitioner(**partitioner_options)
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:

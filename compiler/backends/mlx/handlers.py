@@ -11,6 +11,7 @@ computes from the gather's result at run time, as the device does.
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Iterator
 
 import torch
@@ -66,3 +67,15 @@ def dynamic_sizes_inferred() -> Iterator[None]:
     finally:
         REGISTRY.unregister(target)
         REGISTRY.register(target)(mlx_index_handler())
+
+
+def register_item_of_a_tensor() -> None:
+    """Stock lowers `aten.item` (ItemIntNode) but not `aten._local_scalar_dense`, which an item
+    the plan could not keep whole decomposes to (a start position read from `input_pos` in the
+    backend's own LLM ops); the same handler lowers both."""
+    from executorch.backends.mlx.builder.op_registry import REGISTRY
+
+    dense = torch.ops.aten._local_scalar_dense.default
+    if dense not in REGISTRY.registered_ops():
+        item = types.SimpleNamespace(target=torch.ops.aten.item.default)  # the lookup reads the target only
+        REGISTRY.register(dense)(REGISTRY.get_handler(item))

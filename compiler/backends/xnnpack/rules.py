@@ -493,8 +493,23 @@ def reads_a_dynamic_size(node: torch.fx.Node) -> Optional[str]:
     )
 
 
+def llm_custom_op(node: torch.fx.Node) -> Optional[str]:
+    """ExecuTorch's LLM ops (`llama::custom_sdpa`, `llama::update_cache`, also inside the
+    `auto_functionalized` call a mutating one becomes) have CPU kernels only: say that, not
+    what stock or another rule would say of their arguments."""
+    op = node.args[0] if isinstance(node.target, torch._ops.HigherOrderOperator) and node.args else node.target
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.name.startswith("llama::"):
+        return None
+    return (
+        f"ExecuTorch's LLM op {schema.name}: chosen for the attention and KV cache, it "
+        "runs as its CPU kernel (extension/llm/custom_ops), which XNNPACK has no operator for"
+    )
+
+
 # Every rule: node -> None when stock's config may take it, else the reason it may not.
 REFUSALS: tuple[NodeRule, ...] = (
+    llm_custom_op,
     reads_a_dynamic_size,
     addmm_scaled,
     max_dim_stock_cannot_pool,
