@@ -433,6 +433,25 @@ def _named_method_errors():
         raise
 
 
+def _written_state_is_one(given: Mapping[str, Any], written: set[str]) -> None:
+    """A buffer name some method writes is one state in the program: refused when the methods'
+    modules hold different tensors under it (two modules of one class given apart)."""
+    tensors: dict[str, dict[int, str]] = {}
+    for name, spec in given.items():
+        if isinstance(spec, tuple):
+            for path, buffer in spec[0].named_buffers():
+                if path in written:
+                    tensors.setdefault(path, {}).setdefault(id(buffer), name)
+    apart = {path: held for path, held in tensors.items() if len(held) > 1}
+    if apart:
+        raise UserInputError(
+            "the methods hold different buffers under one name the program plans once: "
+            + "; ".join(f"{path} (methods {', '.join(held.values())})" for path, held in sorted(apart.items())),
+            stage="capture",
+            hint="give the methods as methods of the one module that holds the state, or give each state its own name",
+        )
+
+
 def _written_state(spec: Any, backend: Any, backend_options: Any, config: Any, driving: DriverOptions) -> set[str]:
     """The buffers a method writes, from its program as captured (or as its stage file holds it)."""
     from compiler.driver.stage_files import load_stage_file
@@ -487,6 +506,7 @@ def compile_methods(
         written = {}
         for method.name, spec in given.items():
             written[method.name] = _written_state(spec, backend, backend_options, config, driving)
+        _written_state_is_one(given, set().union(*written.values()))
         for method.name, spec in given.items():
             # State the other methods write stays the program's where this method's delegates read it.
             state = sorted(set().union(*(w for other, w in written.items() if other != method.name)))

@@ -276,3 +276,13 @@ def test_state_reached_through_an_object_is_shared():
     model, x = ThroughAnObject().eval(), torch.randn(1, WIDTH)
     result = compiler.compile_methods({"write": (model.write, (x,)), "read": (model.read, (x,))}, "portable")
     assert compiler.check_methods(result, [("write", (x,)), ("read", (x,))]).passed
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_two_buffers_under_one_name_are_refused(rows):
+    """Two modules whose state has the same path are two states: planned once by name, they would clash."""
+    first, second = Accumulator().eval(), Accumulator().eval()
+    second.state = torch.zeros(rows, WIDTH)
+    methods = {"add": (first.add, (torch.randn(1, WIDTH),)), "read": (second.read, (torch.randn(rows, WIDTH),))}
+    with pytest.raises(UserInputError, match=r"different buffers under one name .*owner.state \(methods add, read\)"):
+        compiler.compile_methods(methods, "portable")

@@ -78,6 +78,17 @@ def _delegate_buffers(program: ExportedProgram) -> tuple[set[str], set[str]]:
     return owned, held
 
 
+def _buffer_kinds(program: ExportedProgram) -> dict[str, str]:
+    """Each buffer's dtype and shape, by its name."""
+    buffers = program.graph_signature.inputs_to_buffers
+    kinds = {}
+    for node in program.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" and node.name in buffers else None
+        if value is not None:
+            kinds[buffers[node.name]] = f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    return kinds
+
+
 def _check_shared_state(lowered: Mapping[str, LoweredProgram]) -> None:
     """A buffer one method writes must be the program's, not a delegate's, wherever another method
     uses it: a delegate holds its state in its own payload, and a buffer its method only reads as
@@ -87,8 +98,18 @@ def _check_shared_state(lowered: Mapping[str, LoweredProgram]) -> None:
         owned[name], held[name] = _delegate_buffers(one.program)
         written[name] = owned[name] | set(one.program.graph_signature.buffers_to_mutate.values())
         on_cpu[name] = set(one.program.graph_signature.inputs_to_buffers.values())
+    kinds = {name: _buffer_kinds(one.program) for name, one in lowered.items()}
     for name in lowered:
         for other in set(lowered) - {name}:
+            unlike = sorted(b for b in written[name] & set(kinds[other]) if kinds[name].get(b, kinds[other][b]) != kinds[other][b])
+            if unlike:
+                raise CompileError(
+                    f"methods {name!r} and {other!r} hold different buffers under one name: "
+                    + ", ".join(f"{b} ({kinds[name][b]} and {kinds[other][b]})" for b in unlike),
+                    stage="emit",
+                    hint="the program plans a written buffer once by its name: give the methods' own state different "
+                    "names",
+                )
             shared = sorted(written[name] & held[other] | owned[name] & on_cpu[other])
             if shared:
                 holder = other if written[name] & held[other] else name
