@@ -286,3 +286,12 @@ def test_two_buffers_under_one_name_are_refused(rows):
     methods = {"add": (first.add, (torch.randn(1, WIDTH),)), "read": (second.read, (torch.randn(rows, WIDTH),))}
     with pytest.raises(UserInputError, match=r"different buffers under one name .*owner.state \(methods add, read\)"):
         compiler.compile_methods(methods, "portable")
+
+
+def test_the_stage_cache_serves_each_method(tmp_path):
+    model = _model()
+    first = compiler.compile_methods(_methods(model), "xnnpack", cache_dir=str(tmp_path))
+    again = compiler.compile_methods(_methods(model), "xnnpack", cache_dir=str(tmp_path))
+    for method in ("prefill", "decode"):
+        assert again.methods[method].report.stage("lower").cached
+    assert again.pte == first.pte
