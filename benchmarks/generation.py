@@ -10,7 +10,10 @@ Core ML and MLX) compared token by token with eager, the worst logit error over 
 and on XNNPACK the runner's prefill and decode milliseconds per token (its `prefill` and
 `generate` timed here, medians of three rounds; on 2 shared cores, so a guide, not a
 measurement of a device), also for a program whose calls take any
-number of tokens (`dynamic_prefill`: the runner prefills the prompt in one call). The tiny Whisper
+number of tokens (`dynamic_prefill`: the runner prefills the prompt in one call). Each backend with
+LLM ops of its own (`compiler.models.llm_ops`: ExecuTorch's `llama::` ops on portable and XNNPACK,
+MLX's `mlx::` ops) has an LM row with them and one without (torch's attention and cache update).
+The tiny Whisper
 (`compiler.tools.transcription`) is one program of two methods, `encoder` and `text_decoder`, sharing
 the cross-attention cache: greedy decoding run by ExecuTorch's runtime (portable, XNNPACK) or the
 reference executor, each call's logits against eager. Cells merge by key into
@@ -36,12 +39,18 @@ MODELS = ("llama", "qwen3", "gemma", SPEECH)
 # Each column: the backend and the job's options (on XNNPACK also a program whose calls take the whole
 # prompt, which the runner prefills in one call).
 ONE_CALL = "xnnpack, prompt in one call"
+PLAIN = {"backend_llm_ops": False}  # torch's attention and cache update
+OWN_OPS = {"backend_llm_ops": True}  # the backend's own LLM ops (compiler.models.llm_ops)
 BACKENDS = {
-    "portable": ("portable", {}),
-    "xnnpack": ("xnnpack", {}),
-    ONE_CALL: ("xnnpack", {"dynamic_prefill": True}),
+    "portable": ("portable", PLAIN),
+    "portable, llama:: ops": ("portable", OWN_OPS),
+    "xnnpack": ("xnnpack", PLAIN),
+    "xnnpack, llama:: ops": ("xnnpack", OWN_OPS),
+    ONE_CALL: ("xnnpack", {"dynamic_prefill": True, **PLAIN}),
+    "xnnpack, llama:: ops, prompt in one call": ("xnnpack", {"dynamic_prefill": True, **OWN_OPS}),
     "coreml": ("coreml", {}),
-    "mlx": ("mlx", {}),
+    "mlx": ("mlx", PLAIN),
+    "mlx, mlx:: ops": ("mlx", OWN_OPS),
 }
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "generation.json")
 
@@ -55,6 +64,7 @@ def measure(model: str, column: str, tokens: int) -> dict:
         if model == SPEECH:
             from compiler.tools.transcription import transcribe
 
+            options = {key: value for key, value in options.items() if key != "backend_llm_ops"}
             job = transcribe(backend, tokens=tokens, check=True, max_cache_len=64, **options)
         else:
             job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64, **options)
@@ -116,8 +126,8 @@ def main() -> None:
             results = json.load(f)["results"]
     for model in args.models:
         for backend in args.backends:
-            if model == SPEECH and backend == ONE_CALL:
-                continue  # its decoder takes one token a call
+            if model == SPEECH and (backend == ONE_CALL or BACKENDS[backend][1].get("backend_llm_ops")):
+                continue  # its decoder takes one token a call, and its attention is its own
             cell = measure(model, backend, args.tokens)
             results.setdefault(model, {})[backend] = cell
             print(f"{model} {backend}: {table({model: {backend: cell}}).splitlines()[-1]}", flush=True)
