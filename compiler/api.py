@@ -452,8 +452,11 @@ def _written_state_is_one(given: Mapping[str, Any], written: set[str]) -> None:
         )
 
 
-def _written_state(spec: Any, backend: Any, backend_options: Any, config: Any, driving: DriverOptions) -> set[str]:
-    """The buffers a method writes, from its program as captured (or as its stage file holds it)."""
+def _written_state(
+    spec: Any, backend: Any, backend_options: Any, config: Any, given: Mapping[str, Any], driving: DriverOptions
+) -> set[str]:
+    """The buffers a method writes, from its program as captured with the options `given` (or as its
+    stage file holds it)."""
     from compiler.driver.stage_files import load_stage_file
     from compiler.ir.graph import written_buffers
 
@@ -461,7 +464,7 @@ def _written_state(spec: Any, backend: Any, backend_options: Any, config: Any, d
         return written_buffers(load_stage_file(spec).artifact.program)
     module, _, inputs, dynamic = spec
     captured = compile(
-        module, inputs, backend, backend_options=backend_options, dynamic_shapes=dynamic, config=config,
+        module, inputs, backend, backend_options=backend_options, dynamic_shapes=dynamic, config=config, **given,
         stop_after="capture", reproducer=False, cache=False, capture_dependency_output=driving.capture_dependency_output,
     )
     return written_buffers(captured.artifact.program)
@@ -505,7 +508,7 @@ def compile_methods(
     with _named_method_errors() as method:
         written = {}
         for method.name, spec in given.items():
-            written[method.name] = _written_state(spec, backend, backend_options, config, driving)
+            written[method.name] = _written_state(spec, backend, backend_options, config, chosen, driving)
         _written_state_is_one(given, set().union(*written.values()))
         for method.name, spec in given.items():
             # State the other methods write stays the program's where this method's delegates read it.
