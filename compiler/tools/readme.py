@@ -40,6 +40,7 @@ MEASURED: dict[str, str] = {
     "model-suite-table": "docs/model-suite.md",
     "quantization-table": "docs/quantization.md",
     "generation-table": "README.md",
+    "optimum-comparison-table": "docs/benchmarks.md",
 }
 
 
