@@ -115,3 +115,23 @@ def test_the_generation_job_says_which_ops_it_chose_and_checks_them(wanted, chos
     assert job.check.to_json()["llm_ops_reason"] == job.llm_ops_reason
     called = " ".join(job.result.artifact.operators)
     assert ("llama::custom_sdpa" in called) == (chosen == "llama"), called
+
+
+def test_a_fresh_process_runs_a_program_calling_the_llama_ops(tmp_path):
+    """The runtime's llama:: kernels come with the AOT library: loading a program must load it."""
+    import subprocess
+    import sys
+
+    from compiler.ir.kernels import load_llm_kernels
+
+    load_llm_kernels()
+    example = (torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4), torch.tensor([0]))
+    path = tmp_path / "cached.pte"
+    compiler.compile(_CachedAttention("llama").eval(), example, "portable").save(path)
+    code = (
+        "import sys, torch; from compiler.running.runtime import LoadedProgram; "
+        "out = LoadedProgram(sys.argv[1])([torch.ones(1, 1, 2, 4)] * 3 + [torch.tensor([0])]); "
+        "print(float(out[0].sum()))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0 and float(done.stdout.strip().splitlines()[-1]) == 8.0, done.stderr[-2000:]

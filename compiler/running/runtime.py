@@ -14,7 +14,7 @@ from compiler import backends
 from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
-from compiler.ir.kernels import load_quantized_kernels
+from compiler.ir.kernels import load_llm_kernels, load_quantized_kernels
 from compiler.ir.private_api import deserialize_pte
 from compiler.ir.targets import BY_DELEGATE_ID
 from compiler.running.activation_steps import activation_steps, quantizes_activations
@@ -155,6 +155,7 @@ class LoadedProgram:
             self._execute = self._reference.run
         else:
             load_quantized_kernels()
+            load_llm_kernels()
             # The program is kept while its methods run: they read the program's data. Its methods
             # share the host arenas, so the state a program of several methods shares is one.
             program = runtime.load_program(pte)
