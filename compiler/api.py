@@ -375,6 +375,23 @@ def _method_module(name: str, given: Any) -> tuple[torch.nn.Module, Any]:
     )
 
 
+def _method_dynamic_shapes(name: str, method: Any, dynamic: Any) -> Any:
+    """A method's dynamic shapes (per input, or by its parameters' names) for its `_Method`, whose
+    forward takes the inputs as one `*args`."""
+    if dynamic is None:
+        return None
+    if isinstance(dynamic, Mapping):
+        parameters = list(inspect.signature(method).parameters)
+        unknown = sorted(set(dynamic) - set(parameters))
+        if unknown:
+            raise UserInputError(
+                f"method {name!r}: dynamic shapes name no parameter of it: {', '.join(unknown)}",
+                stage="capture", hint=f"name its parameters ({', '.join(parameters)}) or give one entry per input",
+            )
+        dynamic = tuple(dynamic.get(parameter) for parameter in parameters)
+    return (tuple(dynamic),)
+
+
 def _methods_given(methods: Any) -> dict[str, Any]:
     """Each method's (module, example inputs, dynamic shapes) or stage file, checked before any work."""
     if not isinstance(methods, Mapping) or not methods:
@@ -397,7 +414,7 @@ def _methods_given(methods: Any) -> dict[str, Any]:
                 hint="e.g. {'decode': (model.decode, (token, pos))}",
             )
         module, eager = _method_module(name, spec[0])
-        given[name] = (module, eager, spec[1], spec[2] if len(spec) == 3 else None)
+        given[name] = (module, eager, spec[1], _method_dynamic_shapes(name, eager, spec[2] if len(spec) == 3 else None))
     _state_named_once(given)
     return given
 

@@ -295,3 +295,23 @@ def test_the_stage_cache_serves_each_method(tmp_path):
     for method in ("prefill", "decode"):
         assert again.methods[method].report.stage("lower").cached
     assert again.pte == first.pte
+
+
+@pytest.mark.parametrize("by_name", [True, False])
+def test_a_method_with_a_dynamic_size(by_name):
+    model = _model()
+    seq = torch.export.Dim("seq", min=1, max=CACHE)
+    dynamic = {"x": {1: seq}, "pos": {0: seq}} if by_name else ({1: seq}, {0: seq})
+    methods = _methods(model)
+    methods["prefill"] = (*methods["prefill"], dynamic)
+    result = compiler.compile_methods(methods, "xnnpack")
+    calls = [("prefill", (torch.randn(1, 6, WIDTH), torch.arange(6))), ("decode", (torch.randn(1, 1, WIDTH), torch.tensor([6])))]
+    assert compiler.check_methods(result, calls).passed
+
+
+def test_dynamic_shapes_naming_no_parameter_are_refused():
+    model = _model()
+    methods = _methods(model)
+    methods["prefill"] = (*methods["prefill"], {"tokens": {1: torch.export.Dim("seq", max=8)}})
+    with pytest.raises(UserInputError, match="method 'prefill': dynamic shapes name no parameter of it: tokens"):
+        compiler.compile_methods(methods, "portable")
