@@ -265,8 +265,6 @@ class MethodsReport:
     methods: Mapping[str, Report]
     emit: StageRecord | None = None  # None when the methods stopped before emit
     config: Mapping[str, Any] = attrs.field(factory=dict)  # the emit's configuration
-    # The check of a sequence of calls against eager (`MethodsCheck.to_json()`).
-    check: Mapping[str, Any] | None = None
 
     @property
     def total_seconds(self) -> float:
@@ -297,5 +295,4 @@ class MethodsReport:
             "methods": {name: report.to_json() for name, report in self.methods.items()},
             "emit": emit,
             "config": dict(self.config),
-            "check": dict(self.check) if self.check is not None else None,
         }
