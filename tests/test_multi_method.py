@@ -1,7 +1,6 @@
 """Programs of several methods: one .pte, weights stored once, one KV cache the methods share,
 stage files and resumes per method, and the check of a sequence of calls against eager."""
 
-import os
 import types
 
 import pytest
@@ -141,6 +140,7 @@ def test_report_has_a_row_per_method_and_stage():
     assert rows[-2][:2] == ["prefill, decode", "emit"] and rows[-1][0] == "total"
     text = result.report.format_stages()
     assert "prefill" in text and "decode" in text
+    assert "method decode:" in result.report.format_placement()
     assert result.report.to_json()["methods"]["decode"]["stages"][-1]["stage"] == "lower"
 
 

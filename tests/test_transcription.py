@@ -2,7 +2,6 @@
 cross-attention cache the encoder fills, decoding greedily as eager does."""
 
 import pytest
-import torch
 
 import compiler
 from compiler.ir.private_api import deserialize_pte
