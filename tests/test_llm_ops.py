@@ -135,3 +135,26 @@ def test_a_fresh_process_runs_a_program_calling_the_llama_ops(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
     assert done.returncode == 0 and float(done.stdout.strip().splitlines()[-1]) == 8.0, done.stderr[-2000:]
+
+
+def test_a_stage_file_calling_the_ops_resumes_in_a_fresh_process(tmp_path):
+    """Stage files name the ops; a process that never imported their libraries must still read them."""
+    import subprocess
+    import sys
+
+    from compiler.ir.kernels import load_llm_kernels
+
+    pytest.importorskip("mlx.core")
+    import executorch.backends.mlx.custom_ops  # noqa: F401
+
+    load_llm_kernels()
+    files = []
+    for backend, ops in (("portable", "llama"), ("mlx", "mlx")):
+        shape = (1, 1, 2, 4) if ops == "llama" else (1, 2, 1, 4)
+        example = (torch.zeros(shape), torch.zeros(shape), torch.zeros(shape), torch.tensor([0]))
+        dumps = tmp_path / backend
+        compiler.compile(_CachedAttention(ops).eval(), example, backend, stop_after="decompose", dump_dir=dumps)
+        files.append(str(next(dumps.glob("*-decompose.stage"))))
+    code = "import sys, compiler; [compiler.compile(None, resume_from=path) for path in sys.argv[1:]]; print('resumed')"
+    done = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True)
+    assert done.returncode == 0 and "resumed" in done.stdout, done.stderr[-3000:]

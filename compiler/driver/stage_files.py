@@ -30,6 +30,7 @@ from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from executorch.exir.serde.serialize import save as save_program
 
 from compiler.driver.config import CompileConfig, dependency_versions
+from compiler.models import llm_ops
 from compiler.ir.artifacts import (
     AtenProgram,
     EdgeProgram,
@@ -125,6 +126,7 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
         if not any(name.endswith(MANIFEST) for name in names):
             raise ResumeError(f"{path!r} is not a stage file of this compiler (no manifest)", hint=hint)
         extra = {MANIFEST: ""}
+        llm_ops.register_ops()
         program = load_program(path, extra_files=extra)
         manifest = json.loads(extra[MANIFEST])
         if manifest.get("delegate_blobs"):

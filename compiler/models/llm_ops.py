@@ -148,6 +148,19 @@ WHY_NOT = {
 }
 
 
+def register_ops() -> None:
+    """Make torch know every op set here (a stage file that calls them is read only then: else its
+    nodes deserialize as stand-ins the verifier refuses): ExecuTorch's LLM custom-ops library, with
+    its runtime kernels, and MLX's op definitions."""
+    from compiler.ir.kernels import load_llm_kernels
+
+    load_llm_kernels()
+    try:
+        import executorch.backends.mlx.custom_ops  # noqa: F401
+    except ImportError:  # an ExecuTorch without the MLX backend: no program here calls its ops
+        pass
+
+
 def choose(backend: str, wanted: bool | None) -> tuple[BackendOps | None, str]:
     """The ops a generation program of `backend` calls, and why: the backend's own when it has
     them and they are not turned off (`wanted=False`); `wanted=True` on a backend without is an error."""
