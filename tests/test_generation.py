@@ -50,7 +50,7 @@ def test_the_program_holds_the_runners_metadata(tmp_path):
     assert job.tokenizer_path.is_file()
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+@pytest.mark.parametrize("backend", ["portable", pytest.param("xnnpack", marks=pytest.mark.slow)])
 def test_text_llm_runner_generates_eagers_tokens(backend, tmp_path):
     job = compiler.generate("llama", backend, tokens=6, output_dir=tmp_path, check=True, max_cache_len=32)
     check = job.check
@@ -95,6 +95,7 @@ def test_a_wrong_program_is_caught_at_the_step_it_differs(llama):
     assert check.worst_logit_error == pytest.approx(100.0, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_the_cli_job_writes_the_program_and_the_tokenizer(tmp_path, capsys):
     assert main(["generate", "gemma", "--backend", "xnnpack", "--tokens", "4", "--max-cache-len", "16",
                  "-o", str(tmp_path), "--check"]) == 0
@@ -122,7 +123,7 @@ def test_the_readme_table_is_the_committed_results():
     )
 
 
-@pytest.mark.parametrize("backend", ["coreml", "mlx"])
+@pytest.mark.parametrize("backend", [pytest.param("coreml", marks=pytest.mark.slow), "mlx"])
 def test_reference_executors_keep_the_cache_from_step_to_step(backend):
     job = compiler.generate("llama", backend, tokens=4, check=True, max_cache_len=16)
     assert job.check.runner == generation.REFERENCE
@@ -130,6 +131,7 @@ def test_reference_executors_keep_the_cache_from_step_to_step(backend):
     assert len(job.check.program_tokens) == 4
 
 
+@pytest.mark.slow
 def test_a_save_pretrained_folder_generates_with_its_own_special_ids(tmp_path):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -160,7 +162,8 @@ def test_a_quantized_check_is_refused_before_compiling():
         compiler.generate("llama", "xnnpack", check=True, quantize="8da4w")
 
 
-@pytest.mark.parametrize("backend", ["portable", pytest.param("xnnpack", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
 def test_with_dynamic_prefill_the_runner_prefills_the_prompt_in_one_call(backend):
     job = compiler.generate("llama", backend, tokens=4, check=True, max_cache_len=16, dynamic_prefill=True)
     assert "enable_dynamic_shape=true" in job.model.constant_methods

@@ -68,7 +68,7 @@ def _shared_state(pte: bytes) -> dict[str, set]:
     return placed
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+@pytest.mark.parametrize("backend", ["portable", pytest.param("xnnpack", marks=pytest.mark.slow)])
 def test_two_methods_share_one_cache_and_match_eager(backend):
     model = _model()
     result = compiler.compile_methods(_methods(model), backend, emit_constant_methods=("get_max_seq_len=16",))
@@ -144,6 +144,7 @@ def test_report_has_a_row_per_method_and_stage():
     assert result.report.to_json()["methods"]["decode"]["stages"][-1]["stage"] == "lower"
 
 
+@pytest.mark.slow
 def test_stage_files_per_method_and_a_resume_of_one(tmp_path):
     model = _model()
     first = compiler.compile_methods(_methods(model), "xnnpack", dump_dir=str(tmp_path))
@@ -288,6 +289,7 @@ def test_two_buffers_under_one_name_are_refused(rows):
         compiler.compile_methods(methods, "portable")
 
 
+@pytest.mark.slow
 def test_the_stage_cache_serves_each_method(tmp_path):
     model = _model()
     first = compiler.compile_methods(_methods(model), "xnnpack", cache_dir=str(tmp_path))
@@ -297,7 +299,7 @@ def test_the_stage_cache_serves_each_method(tmp_path):
     assert again.pte == first.pte
 
 
-@pytest.mark.parametrize("by_name", [True, False])
+@pytest.mark.parametrize("by_name", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_method_with_a_dynamic_size(by_name):
     model = _model()
     seq = torch.export.Dim("seq", min=1, max=CACHE)

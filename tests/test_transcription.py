@@ -11,6 +11,7 @@ from compiler.tools import transcription
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 def test_whisper_decodes_as_eager_on_portable(tmp_path):
     job = transcription.transcribe("portable", tokens=8, output_dir=tmp_path, check=True)
     check = job.check
@@ -46,6 +47,7 @@ def test_too_many_tokens_for_the_cache():
         transcription.check_transcription(b"", asr.speech_model(max_cache_len=8), "portable", steps=9)
 
 
+@pytest.mark.slow
 def test_the_transcribe_command(tmp_path, capsys):
     from compiler.cli.main import main
 

@@ -2,10 +2,13 @@
 target size holds the dynamic size runs on the CPU with a reason naming the dimension (stock
 says 'invalid dtype' of it)."""
 
+import pytest
+
 import compiler
 from dynamic_shape_models import causal_attention, largest_errors
 
 
+@pytest.mark.slow
 def test_causal_attention_runs_at_other_lengths_and_says_why_views_stay_on_the_cpu():
     model, inputs, dynamic = causal_attention()
     result = compiler.compile(model, inputs, "xnnpack", dynamic_shapes=dynamic)
