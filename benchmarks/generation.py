@@ -51,6 +51,7 @@ BACKENDS = {
     "coreml": ("coreml", {}),
     "mlx": ("mlx", PLAIN),
     "mlx, mlx:: ops": ("mlx", OWN_OPS),
+    "mlx, mlx:: ops, prompt in one call": ("mlx", {"dynamic_prefill": True, **OWN_OPS}),
 }
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "generation.json")
 
