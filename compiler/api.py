@@ -33,8 +33,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class _SavesProgram:
+    """`pte` and `save` of a result, through its `program` (which names where a run stopped)."""
+
+    @property
+    def pte(self) -> bytes:
+        return self.program.pte
+
+    def save(self, path: str | os.PathLike) -> None:
+        pte = self.pte
+        with open(path, "wb") as f:
+            f.write(pte)
+
+
 @attrs.frozen
-class CompileResult:
+class CompileResult(_SavesProgram):
     """What a compile made, wherever it stopped: the artifact of its last stage, the report,
     each stage's artifact this run produced (a resumed run: those after its start; a stage
     the cache gave: absent), and the configuration it used. `pte`, `save` and `run` need
@@ -62,15 +75,6 @@ class CompileResult:
                 "`result.artifact` is what it made",
             )
         return self.artifact
-
-    @property
-    def pte(self) -> bytes:
-        return self.program.pte
-
-    def save(self, path: str | os.PathLike) -> None:
-        pte = self.pte
-        with open(path, "wb") as f:
-            f.write(pte)
 
     def run(self, *inputs: Any) -> list[torch.Tensor]:
         """Run the emitted program once on `inputs` (`compiler.run`)."""
@@ -317,7 +321,7 @@ def _differences(recorded: Mapping[str, Any], chosen: Mapping[str, Any], prefix:
 
 
 @attrs.frozen
-class MethodsResult:
+class MethodsResult(_SavesProgram):
     """A compile of several methods into one program: each method's run through lower (its
     stage files, cache entries, report and resume are its own) and the one emit of them all.
     `pte`, `save` and `run` need a run that reached emit."""
@@ -337,15 +341,6 @@ class MethodsResult:
                 hint="compile without stop_after to reach emit; `result.methods[name].artifact` is what it made",
             )
         return self.artifact
-
-    @property
-    def pte(self) -> bytes:
-        return self.program.pte
-
-    def save(self, path: str | os.PathLike) -> None:
-        pte = self.pte
-        with open(path, "wb") as f:
-            f.write(pte)
 
 
 class _Method(torch.nn.Module):
