@@ -158,3 +158,18 @@ def test_a_stage_file_calling_the_ops_resumes_in_a_fresh_process(tmp_path):
     code = "import sys, compiler; [compiler.compile(None, resume_from=path) for path in sys.argv[1:]]; print('resumed')"
     done = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True)
     assert done.returncode == 0 and "resumed" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_model_with_sliding_window_layers_keeps_torchs_ops_and_says_why():
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0,
+    )
+    text = llm.text_model(config, max_cache_len=16)
+    ops, why = llm_ops.choose("xnnpack", None, text)
+    assert ops is None and "sliding-window" in why and why.startswith("plain")
+    with pytest.raises(UserInputError, match="sliding-window"):
+        llm_ops.choose("mlx", True, text)

@@ -161,14 +161,32 @@ def register_ops() -> None:
         pass
 
 
-def choose(backend: str, wanted: bool | None) -> tuple[BackendOps | None, str]:
+def _hybrid_cache(model: llm.TextModel | None) -> bool:
+    """Whether transformers exports the model with its hybrid (sliding-window) cache, as
+    TorchExportableModuleForDecoderOnlyLM decides: the rewrites replace a static cache only."""
+    if model is None:
+        return False
+    config = model.hf_model.config.get_text_config()
+    return hasattr(config, "layer_types") and getattr(config, "sliding_window", None) is not None
+
+
+def choose(
+    backend: str, wanted: bool | None, model: llm.TextModel | None = None
+) -> tuple[BackendOps | None, str]:
     """The ops a generation program of `backend` calls, and why: the backend's own when it has
-    them and they are not turned off (`wanted=False`); `wanted=True` on a backend without is an error."""
+    them, the model's cache is one they replace, and they are not turned off (`wanted=False`);
+    `wanted=True` where they do not apply is an error."""
     ops = BY_BACKEND.get(backend)
-    if ops is None:
+    if ops is not None and _hybrid_cache(model):
+        ops, why = None, (
+            f"the model has sliding-window layers, exported with transformers' hybrid cache, which the "
+            f"{backend} LLM ops' rewrite (of a static cache) does not cover"
+        )
+    elif ops is None:
         why = WHY_NOT.get(backend, f"{backend} has no LLM ops of its own")
+    if ops is None:
         if wanted:
-            raise UserInputError(f"backend LLM ops asked for on {backend}: {why}", hint="leave them off on this backend")
+            raise UserInputError(f"backend LLM ops asked for on {backend}: {why}", hint="leave them off here")
         return None, f"plain attention and cache update: {why}"
     if wanted is False:
         return None, f"plain attention and cache update: the backend's {ops.describe()} turned off"

@@ -344,7 +344,7 @@ def generate(
     )
     backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*text.constant_methods, *options.pop("emit_constant_methods", ()))
-    ops, why = llm_ops.choose(backend, backend_llm_ops)
+    ops, why = llm_ops.choose(backend, backend_llm_ops, text)
     logger.info("LLM ops: %s", why)
     text.reset()
     step = llm_ops.rewritten_step(text, ops) if ops is not None else text.step
