@@ -173,3 +173,10 @@ def test_a_model_with_sliding_window_layers_keeps_torchs_ops_and_says_why():
     assert ops is None and "sliding-window" in why and why.startswith("plain")
     with pytest.raises(UserInputError, match="sliding-window"):
         llm_ops.choose("mlx", True, text)
+
+
+def test_the_cli_says_which_ops_and_turns_them_off(capsys):
+    from compiler.cli.main import main
+
+    assert main(["generate", "llama", "--tokens", "2", "--max-cache-len", "16", "--no-backend-llm-ops"]) == 0
+    assert "LLM ops: plain attention and cache update: the backend's llama:: ops" in capsys.readouterr().out
