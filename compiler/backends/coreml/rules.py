@@ -383,7 +383,7 @@ def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[tuple[
         if not ctx.ios18:
             return "a bool mask index below iOS 18 (set minimum_deployment_target=iOS18 to delegate it)", None
         return None
-    if len({tuple(m.shape) for m in metas}) > 1:
+    if len({tuple(map(str, m.shape)) for m in metas}) > 1:  # str: a dynamic size is an unhashable SymInt
         return "index tensors that broadcast against each other", _STOCK_BROADCAST
     if has_slice and any(m.numel() > 1 for m in metas):
         return "an index of more than one entry next to a slice", _STOCK_SEVERAL_ENTRIES
