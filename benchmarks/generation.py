@@ -16,7 +16,9 @@ MLX's `mlx::` ops) has an LM row with them and one without (torch's attention an
 The tiny Whisper
 (`compiler.tools.transcription`) is one program of two methods, `encoder` and `text_decoder`, sharing
 the cross-attention cache: greedy decoding run by ExecuTorch's runtime (portable, XNNPACK) or the
-reference executor, each call's logits against eager. Cells merge by key into
+reference executor, each call's logits against eager. The tiny LLaVA (`compiler.tools.multimodal`) is one
+program of `vision_encoder`, `token_embedding` and `text_decoder`, run by ExecuTorch's MultimodalRunner
+(portable, XNNPACK) or the reference executor after a prompt of text, an image and text. Cells merge by key into
 benchmarks/results/generation.json; the table between the README's `generation-table` markers
 is rendered from every cell held (tests/test_generation.py checks it is the committed results').
 Light to import: torch loads only when it measures.
@@ -35,7 +37,9 @@ from compiler.tools import readme
 SECTION = "generation-table"
 # The encoder-decoder: a program of two methods (compiler.tools.transcription), not a TextLLMRunner one.
 SPEECH = "whisper"
-MODELS = ("llama", "qwen3", "gemma", SPEECH)
+# The vision-language model: MultimodalRunner's three methods (compiler.tools.multimodal).
+VISION = "llava"
+MODELS = ("llama", "qwen3", "gemma", SPEECH, VISION)
 # Each column: the backend and the job's options (on XNNPACK also a program whose calls take the whole
 # prompt, which the runner prefills in one call).
 ONE_CALL = "xnnpack, prompt in one call"
@@ -67,6 +71,11 @@ def measure(model: str, column: str, tokens: int) -> dict:
 
             options = {key: value for key, value in options.items() if key != "backend_llm_ops"}
             job = transcribe(backend, tokens=tokens, check=True, max_cache_len=64, **options)
+        elif model == VISION:
+            from compiler.tools.multimodal import describe_image
+
+            options = {key: value for key, value in options.items() if key != "backend_llm_ops"}
+            job = describe_image(backend, tokens=tokens, check=True, max_cache_len=64, **options)
         else:
             job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64, **options)
     except compiler.CompileError as error:
@@ -129,6 +138,9 @@ def main() -> None:
         for backend in args.backends:
             if model == SPEECH and (backend == ONE_CALL or BACKENDS[backend][1].get("backend_llm_ops")):
                 continue  # its decoder takes one token a call, and its attention is its own
+            options = BACKENDS[backend][1]
+            if model == VISION and (options.get("dynamic_prefill") or options.get("backend_llm_ops")):
+                continue  # the runner prefills each input in one call anyway; torch's attention and cache
             cell = measure(model, backend, args.tokens)
             results.setdefault(model, {})[backend] = cell
             print(f"{model} {backend}: {table({model: {backend: cell}}).splitlines()[-1]}", flush=True)
