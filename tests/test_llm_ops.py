@@ -117,6 +117,7 @@ def test_the_generation_job_says_which_ops_it_chose_and_checks_them(wanted, chos
     assert ("llama::custom_sdpa" in called) == (chosen == "llama"), called
 
 
+@pytest.mark.slow  # a fresh process: 13-15 s
 def test_a_fresh_process_runs_a_program_calling_the_llama_ops(tmp_path):
     """The runtime's llama:: kernels come with the AOT library: loading a program must load it."""
     import subprocess
@@ -137,6 +138,7 @@ def test_a_fresh_process_runs_a_program_calling_the_llama_ops(tmp_path):
     assert done.returncode == 0 and float(done.stdout.strip().splitlines()[-1]) == 8.0, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # a fresh process: 13-15 s
 def test_a_stage_file_calling_the_ops_resumes_in_a_fresh_process(tmp_path):
     """Stage files name the ops; a process that never imported their libraries must still read them."""
     import subprocess
