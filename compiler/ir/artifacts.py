@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Mapping
 
 import attrs
 import torch
+from torch.utils import _pytree as pytree
 from torch.export import ExportedProgram
 
 from compiler.ir import invariants as inv
@@ -25,6 +26,27 @@ class ProgramStats:
     cpu_ops: int | None = None
 
 
+def distinct_inputs(example_inputs: Any) -> tuple:
+    """The example inputs with a copy of every tensor whose storage an earlier one already holds.
+
+    torch.export takes two inputs that are one tensor (or views of one storage) to be one
+    value for ever: the program reads the second where the first was given, and is silently
+    wrong for any other pair of inputs. A program's inputs are each their own tensor.
+    """
+    seen: set[int] = set()
+
+    def own(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        storage = leaf.untyped_storage().data_ptr()
+        if storage in seen:
+            return leaf.clone()
+        seen.add(storage)
+        return leaf
+
+    return tuple(pytree.tree_map(own, tuple(example_inputs)))
+
+
 @attrs.frozen
 class EagerModel:
     """What the user gave: the module, example inputs and dynamic shapes, and the inputs that
@@ -32,7 +54,7 @@ class EagerModel:
     quantized model and `float_module` the model as given."""
 
     module: torch.nn.Module
-    example_inputs: tuple
+    example_inputs: tuple = attrs.field(converter=distinct_inputs)
     dynamic_shapes: Any = None
     calibration: tuple | None = None  # input tuples
     float_module: torch.nn.Module | None = None

@@ -313,3 +313,58 @@ def test_a_channels_last_model_is_stored_row_major_and_matches_eager(backend):
     assert metrics["constants_made_row_major"] == 1  # the 4-d weight (the bias is 1-d)
     (got,) = compiler.run(compiler.compile(model, args, backend), args)
     torch.testing.assert_close(got, model(*args))
+
+
+class _WritesAtPosition(torch.nn.Module):
+    """A cache written at an input position: run with another position than the example's, a
+    program that read the tokens as the position would write the wrong row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(8, 4))
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, tokens, position):
+        self.cache.index_copy_(0, position, self.lin(torch.ones(1, 4) * tokens.float().unsqueeze(-1)))
+        return self.cache.sum(0, keepdim=True)
+
+
+def test_stock_export_reads_one_tensor_given_twice_as_one_input():
+    """torch.export makes the first of two example inputs that are one tensor read the second:
+    the program is silently wrong for any other pair of values."""
+
+    class Add(torch.nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b
+
+    same = torch.tensor([1.0])
+    program = torch.export.export(Add(), (same, same))
+    a, b = torch.tensor([1.0]), torch.tensor([5.0])
+    assert not torch.equal(program.module()(a, b), Add()(a, b))
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_one_tensor_given_as_two_example_inputs_is_two_inputs_of_the_program(backend):
+    import compiler
+    from compiler.running.runtime import LoadedProgram
+
+    model = _WritesAtPosition().eval()
+    same = torch.tensor([1])
+    program = LoadedProgram(compiler.compile(model, (same, same), backend).program)
+    eager = _WritesAtPosition().eval()
+    eager.load_state_dict(model.state_dict())
+    for step in range(3):
+        inputs = (torch.tensor([step + 2]), torch.tensor([step]))
+        torch.testing.assert_close(program(inputs)[0], eager(*inputs))
+    assert torch.equal(same, torch.tensor([1]))
+
+
+def test_example_inputs_that_share_storage_are_given_their_own():
+    base = torch.arange(6.0)
+    model = EagerModel(torch.nn.Identity(), (base, base, base[:3], {"x": base}, 2))
+    tensors = [model.example_inputs[0], model.example_inputs[1], model.example_inputs[2], model.example_inputs[3]["x"]]
+    assert tensors[0] is base
+    pointers = {t.untyped_storage().data_ptr() for t in tensors}
+    assert len(pointers) == 4
+    assert all(torch.equal(t, base[: t.numel()]) for t in tensors)
+    assert model.example_inputs[4] == 2
