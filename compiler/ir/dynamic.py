@@ -67,7 +67,10 @@ def describe(graph: torch.fx.Graph, symbol: str) -> str:
     where = where_is(graph, symbol)
     ranges = sizes[0][2].node.shape_env.var_to_range if sizes else {}
     bounds = _range(next((r for s, r in ranges.items() if str(s) == symbol), None))
-    return f"{where} ({symbol}, {bounds})" if where else f"the dynamic size {symbol} ({bounds})"
+    if where:
+        return f"{where} ({symbol}, {bounds})"
+    # Callers say "the dynamic size ..." themselves; an unbacked symbol is one no input holds.
+    return f"{symbol} (data-dependent)" if bounds == "?" and symbol.startswith("u") else f"{symbol} ({bounds})"
 
 
 def describe_sizes(graph: torch.fx.Graph, symbols) -> str:
