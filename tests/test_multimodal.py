@@ -28,7 +28,7 @@ def test_the_eager_methods_compose_as_transformers_generates():
     eager = multimodal.eager_greedy(model, segments, 6)
     assert eager.tokens == multimodal._transformers_generate(model, segments, 6)
     assert [start for _, start in eager.calls[:4]] == [0, 3, 19, 23]  # BOS t5 t9, the image, t13..t25, a token
-    assert not model.methods.decoder.key_cache_0.any()  # the eager cache is empty again
+    assert not model.methods.decoder.exportable.key_cache_0.any()  # the eager cache is empty again
 
 
 def test_a_prompt_must_not_start_with_the_image():
@@ -41,3 +41,11 @@ def test_llava_generates_32_tokens_as_eager_on_xnnpack():
     check = multimodal.describe_image("xnnpack", tokens=32, check=True).check
     assert check.passed, check.describe()
     assert check.runner == multimodal.RUNNER and len(check.program_tokens) == 32
+
+
+@pytest.mark.slow
+def test_llava_generates_32_tokens_as_eager_on_mlx_with_its_ops():
+    """MLX takes the dynamic-length cache update only as its own op: torch's is split from the cache."""
+    check = multimodal.describe_image("mlx", tokens=32, check=True, backend_llm_ops=True).check
+    assert check.passed, check.describe()
+    assert check.runner == multimodal.generation.REFERENCE and check.llm_ops == "mlx"

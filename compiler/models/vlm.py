@@ -6,19 +6,20 @@ multimodal_decoder_runner.h): `vision_encoder(image[1, 3, H, W])` -> image token
 
 The runner prefills each input (BOS, the image, the prompt's text) in one `text_decoder` call of
 its whole length, so embeddings and positions share one dynamic length; it then decodes token by
-token through `token_embedding` and `text_decoder`. All three are methods of one module, so the
-KV cache `text_decoder` writes is one buffer of the program. Needs the `models` extra.
+token through `token_embedding` and `text_decoder`. Only `text_decoder` holds the KV cache, so a
+delegate may own it (the encoders' module shares the weights, not the cache). Needs the `models` extra.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import attrs
 import torch
 
 from compiler.ir.errors import UserInputError
-from compiler.models import llm
+from compiler.models import llm, llm_ops
 
 # The methods MultimodalRunner calls (extension/llm/runner/constants.h).
 METHODS = ("vision_encoder", "token_embedding", "text_decoder")
@@ -49,30 +50,80 @@ def llava_config(vocab: int = 256):
     return config
 
 
-class VisionLanguageMethods(torch.nn.Module):
-    """The runner's three methods over one LLaVA model and its static KV cache."""
+class Encoders(torch.nn.Module):
+    """`vision_encoder` and `token_embedding`: LLaVA's vision tower, projector and token embeddings,
+    without the language model (each method's capture lifts every buffer of its module: the KV
+    cache must not be among these methods' inputs, or a delegate holding it would make it two)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.vision_tower = model.model.vision_tower
+        self.projector = model.model.multi_modal_projector
+        self.embed_tokens = model.get_input_embeddings()
+        config = model.config
+        self.layer, self.drop_class = config.vision_feature_layer, config.vision_feature_select_strategy == "default"
+
+    def vision_encoder(self, image: torch.Tensor) -> torch.Tensor:
+        states = self.vision_tower(image, output_hidden_states=True).hidden_states[self.layer]
+        return self.projector(states[:, 1:] if self.drop_class else states)
+
+    def token_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(tokens)
+
+
+class TextDecoder(torch.nn.Module):
+    """`text_decoder`: LLaVA's language model and head as a causal LM over a static KV cache."""
 
     def __init__(self, model: Any, max_cache_len: int) -> None:
         super().__init__()
+        from transformers import LlamaForCausalLM
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
-        # The model is reached through the decoder only: one owner, so each buffer has one name.
-        self.decoder = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=max_cache_len)
-
-    @property
-    def model(self) -> Any:
-        return self.decoder.model
-
-    def vision_encoder(self, image: torch.Tensor) -> torch.Tensor:
-        features = self.model.model.get_image_features(pixel_values=image)
-        features = getattr(features, "pooler_output", features)
-        return torch.cat(list(features), dim=0).unsqueeze(0) if isinstance(features, (list, tuple)) else features
-
-    def token_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(tokens)
+        with torch.device("meta"):  # a shell: its parts are the VLM's own
+            language = LlamaForCausalLM(model.config.text_config)
+        language.model, language.lm_head = model.model.language_model, model.lm_head
+        language.generation_config = model.generation_config
+        self.exportable = TorchExportableModuleWithStaticCache(language, batch_size=1, max_cache_len=max_cache_len)
 
     def text_decoder(self, embeddings: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        return self.decoder(inputs_embeds=embeddings, cache_position=cache_position)
+        """The exportable module's forward, with the positions given: not derived from the cache's
+        length, which a backend's own cache (`llm_ops`) may count otherwise."""
+        cache = self.exportable.static_cache
+        for layer in cache.layers:
+            layer.cumulative_length.copy_(cache_position[0:1])
+        positions = cache_position[0] + torch.arange(embeddings.shape[1])
+        out = self.exportable.model(
+            inputs_embeds=embeddings, past_key_values=cache, use_cache=True, cache_position=positions,
+            position_ids=positions.unsqueeze(0),
+        )
+        return out.logits
+
+
+class VisionLanguageMethods(torch.nn.Module):
+    """The runner's three methods over one LLaVA model: the encoders' and the decoder's."""
+
+    def __init__(self, model: Any, max_cache_len: int, ops: llm_ops.BackendOps | None = None) -> None:
+        super().__init__()
+        self.encoders = Encoders(model)
+        self.decoder = TextDecoder(model, max_cache_len)
+        if ops is not None:
+            ops.rewrite(self.decoder.exportable.model, self.decoder.exportable, max_cache_len)
+
+    @property
+    def methods(self) -> dict[str, Any]:
+        return {
+            "vision_encoder": self.encoders.vision_encoder, "token_embedding": self.encoders.token_embedding,
+            "text_decoder": self.decoder.text_decoder,
+        }
+
+    def vision_encoder(self, image: torch.Tensor) -> torch.Tensor:
+        return self.encoders.vision_encoder(image)
+
+    def token_embedding(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.encoders.token_embedding(tokens)
+
+    def text_decoder(self, embeddings: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        return self.decoder.text_decoder(embeddings, cache_position)
 
 
 @attrs.frozen
@@ -93,18 +144,27 @@ class VisionLanguageModel:
 
     @property
     def method_inputs(self) -> dict[str, tuple]:
+        return self.inputs_of(self.methods)
+
+    def inputs_of(self, methods: VisionLanguageMethods) -> dict[str, tuple]:
         """`compile_methods`' methods with example inputs; token_embedding and text_decoder take any
         length up to the cache (two tokens as the example: one would fix it at 1)."""
         seq = torch.export.Dim("seq", min=1, max=self.max_cache_len)
         tokens = torch.export.Dim("tokens", min=1, max=self.max_cache_len)
         hidden = self.hf_model.config.text_config.hidden_size
+        bound = methods.methods
         return {
-            "vision_encoder": (self.methods.vision_encoder, (self.image,)),
-            "token_embedding": (self.methods.token_embedding, (torch.tensor([[self.bos, self.bos]]),), ({1: tokens},)),
+            "vision_encoder": (bound["vision_encoder"], (self.image,)),
+            "token_embedding": (bound["token_embedding"], (torch.tensor([[self.bos, self.bos]]),), ({1: tokens},)),
             "text_decoder": (
-                self.methods.text_decoder, (torch.zeros(1, 2, hidden), torch.tensor([0, 1])), ({1: seq}, {0: seq})
+                bound["text_decoder"], (torch.zeros(1, 2, hidden), torch.tensor([0, 1])), ({1: seq}, {0: seq})
             ),
         }
+
+    def rewritten(self, ops: llm_ops.BackendOps) -> VisionLanguageMethods:
+        """The methods of a copy of the model whose decoder calls the backend's LLM ops, its cache empty
+        (the eager model stays as given: the check compares the program with it)."""
+        return VisionLanguageMethods(copy.deepcopy(self.hf_model), self.max_cache_len, ops).eval()
 
     @property
     def constant_methods(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from compiler.ir.errors import CompileError, UserInputError
-from compiler.models import llm, vlm
+from compiler.models import llm, llm_ops, vlm
 from compiler.running.tolerance import Tolerance
 from compiler.tools import generation
 
@@ -210,12 +210,14 @@ class MultimodalJob:
 def describe_image(
     backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None, check: bool = False,
     prompt: Sequence[str | None] = DEFAULT_PROMPT, max_cache_len: int = 64, tolerance: float | None = None,
-    backend_options: dict | None = None, **options: Any,
+    backend_options: dict | None = None, backend_llm_ops: bool = False, **options: Any,
 ) -> MultimodalJob:
     """Compile the built-in tiny LLaVA into one program of `vision_encoder`, `token_embedding` and
     `text_decoder` (and the metadata methods): `llava.pte` and `tokenizer.json` in `output_dir`;
     with `check`, greedy generation of `tokens` tokens after `prompt` (text segments and None for
-    the image) checked against eager. `options` are compile's."""
+    the image) checked against eager. `backend_llm_ops`: the decoder calls the backend's own attention
+    and KV-cache ops (`llm_ops`; MLX needs them: its partitioner splits torch's dynamic-length cache
+    update from the cache). `options` are compile's."""
     from compiler import api
 
     if tokens < 1:
@@ -228,9 +230,12 @@ def describe_image(
     model = vlm.vision_language_model(max_cache_len=max_cache_len)
     backend_options = {**generation.NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*model.constant_methods, *options.pop("emit_constant_methods", ()))
+    ops, why = llm_ops.choose(backend, backend_llm_ops)
+    logger.info("LLM ops: %s", why)
     model.reset()
+    methods = model.inputs_of(model.rewritten(ops)) if ops is not None else model.method_inputs
     result = api.compile_methods(
-        model.method_inputs, backend, backend_options=backend_options or None, emit_constant_methods=constant, **options
+        methods, backend, backend_options=backend_options or None, emit_constant_methods=constant, **options
     )
     pte_path = tokenizer_path = None
     if output_dir is not None:
@@ -240,5 +245,9 @@ def describe_image(
         result.save(pte_path)
         llm.tokenizer(model).save(str(tokenizer_path))
         logger.info("wrote %s and %s", pte_path, tokenizer_path)
-    checked = check_multimodal(result, model, backend, tokens, prompt, tolerance) if check else None
+    checked = (
+        attrs.evolve(check_multimodal(result, model, backend, tokens, prompt, tolerance), llm_ops=ops and ops.name,
+                     llm_ops_reason=why)
+        if check else None
+    )
     return MultimodalJob(model, result, pte_path, tokenizer_path, checked)
