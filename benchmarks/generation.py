@@ -18,7 +18,8 @@ The tiny Whisper
 the cross-attention cache: greedy decoding run by ExecuTorch's runtime (portable, XNNPACK) or the
 reference executor, each call's logits against eager. The tiny LLaVA (`compiler.tools.multimodal`) is one
 program of `vision_encoder`, `token_embedding` and `text_decoder`, run by ExecuTorch's MultimodalRunner
-(portable, XNNPACK) or the reference executor after a prompt of text, an image and text. Cells merge by key into
+(portable, XNNPACK) or the reference executor after a prompt of text, an image and text; on MLX only with
+mlx:: ops (its partitioner splits torch's dynamic-length cache update from the cache). Cells merge by key into
 benchmarks/results/generation.json; the table between the README's `generation-table` markers
 is rendered from every cell held (tests/test_generation.py checks it is the committed results').
 Light to import: torch loads only when it measures.
@@ -74,7 +75,6 @@ def measure(model: str, column: str, tokens: int) -> dict:
         elif model == VISION:
             from compiler.tools.multimodal import describe_image
 
-            options = {key: value for key, value in options.items() if key != "backend_llm_ops"}
             job = describe_image(backend, tokens=tokens, check=True, max_cache_len=64, **options)
         else:
             job = compiler.generate(model, backend, tokens=tokens, check=True, max_cache_len=64, **options)
@@ -139,8 +139,8 @@ def main() -> None:
             if model == SPEECH and (backend == ONE_CALL or BACKENDS[backend][1].get("backend_llm_ops")):
                 continue  # its decoder takes one token a call, and its attention is its own
             options = BACKENDS[backend][1]
-            if model == VISION and (options.get("dynamic_prefill") or options.get("backend_llm_ops")):
-                continue  # the runner prefills each input in one call anyway; torch's attention and cache
+            if model == VISION and options.get("dynamic_prefill"):
+                continue  # the runner prefills each input in one call anyway
             cell = measure(model, backend, args.tokens)
             results.setdefault(model, {})[backend] = cell
             print(f"{model} {backend}: {table({model: {backend: cell}}).splitlines()[-1]}", flush=True)
