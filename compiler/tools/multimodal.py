@@ -42,7 +42,8 @@ DEFAULT_PROMPT = (llm.prompt_text([5, 9]), IMAGE, llm.prompt_text([13, 17, 21, 2
 @attrs.frozen
 class EagerCalls:
     tokens: list[int]  # the generated tokens, EOS included when it came
-    calls: list[tuple[tuple[int, ...] | None, int]]  # each text_decoder call: its tokens (None: the image), first position
+    # Each text_decoder call: its tokens (None: the image) and first position.
+    calls: list[tuple[tuple[int, ...] | None, int]]
     logits: list[torch.Tensor]  # each call's logits, [seq, vocab]
     image_embeddings: torch.Tensor
 
@@ -120,7 +121,9 @@ class MultimodalCheck(generation.GenerationCheck):
         }
 
 
-def _runner_generation(pte_path: str, tokenizer_path: str, model, prompt: Sequence[str | None], steps: int) -> list[int]:
+def _runner_generation(
+    pte_path: str, tokenizer_path: str, model: vlm.VisionLanguageModel, prompt: Sequence[str | None], steps: int
+) -> list[int]:
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_text_input
 
     from compiler.process.dependency_output import DependencyOutput
@@ -178,7 +181,8 @@ def check_multimodal(
     if generation._runs_here(pte):
         runner = RUNNER
         with tempfile.TemporaryDirectory() as scratch:  # the runner reads files
-            pte_path, tokenizer_path = pathlib.Path(scratch, "checked.pte"), pathlib.Path(scratch, generation.TOKENIZER_FILE)
+            pte_path = pathlib.Path(scratch, "checked.pte")
+            tokenizer_path = pathlib.Path(scratch, generation.TOKENIZER_FILE)
             pte_path.write_bytes(pte)
             llm.tokenizer(model).save(str(tokenizer_path))
             tokens = _runner_generation(str(pte_path), str(tokenizer_path), model, prompt, steps)
