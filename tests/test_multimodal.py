@@ -49,3 +49,13 @@ def test_llava_generates_32_tokens_as_eager_on_mlx_with_its_ops():
     check = multimodal.describe_image("mlx", tokens=32, check=True, backend_llm_ops=True).check
     assert check.passed, check.describe()
     assert check.runner == multimodal.generation.REFERENCE and check.llm_ops == "mlx"
+
+
+@pytest.mark.slow
+def test_the_describe_image_command(tmp_path, capsys):
+    from compiler.cli.main import main
+
+    assert main(["describe-image", "--tokens", "3", "--check", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 greedy tokens equal to eager's" in out and "MultimodalRunner" in out
+    assert (tmp_path / "llava.pte").is_file() and (tmp_path / "tokenizer.json").is_file()
