@@ -159,6 +159,10 @@ class LoadedProgram:
             # The program is kept while its methods run: they read the program's data. Its methods
             # share the host arenas, so the state a program of several methods shares is one.
             program = runtime.load_program(pte)
+            # Loaded now, while the runtime's talk (cpuinfo, as a delegate initializes) is captured;
+            # the program caches its methods, so each call finds its method loaded.
+            for name in program.method_names:
+                program.load_method(name)
             self._execute = lambda inputs, method: program.load_method(method).execute(inputs)
 
     @property
