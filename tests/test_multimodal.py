@@ -10,6 +10,7 @@ from compiler.tools import multimodal
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow
 def test_llava_generates_as_eager_under_the_multimodal_runner(tmp_path):
     job = multimodal.describe_image("portable", tokens=3, output_dir=tmp_path, check=True)
     check = job.check

@@ -205,6 +205,7 @@ def _store(folder: str, keys: list[str], fill: int, barrier) -> None:
         cache.store(key, "emit", _program(1 << 20, fill), StageRecord("emit", 1.0), compiler.CompileConfig())
 
 
+@pytest.mark.slow
 def test_concurrent_writers_of_one_key_leave_one_valid_entry(tmp_path):
     keys = [f"{i:064x}" for i in range(8)]
     context = multiprocessing.get_context("spawn")
@@ -274,6 +275,7 @@ def test_quick_stages_store_only_their_report_row(tmp_path, monkeypatch):
     assert _cached(again) == AFTER_CAPTURE
 
 
+@pytest.mark.slow
 def test_a_fresh_process_emits_from_a_cached_core_ml_lowering(tmp_path):
     """A delegate's original program keeps its ops kept whole (layer_norm) when loaded: a copy
     of the delegate verifies it again (in a fresh process, nothing else allows them)."""

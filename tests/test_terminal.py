@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -34,6 +35,7 @@ def test_a_compile_prints_progress_and_the_report_and_nothing_of_its_dependencie
     assert "check:" in done.stdout and "OK" in done.stdout
 
 
+@pytest.mark.slow
 def test_verbose_shows_our_log_and_what_dependencies_printed():
     done = _cli("compile", "mlp", "--backend", "xnnpack", "--check", "-v")
     assert done.returncode == 0, done.stderr

@@ -104,6 +104,7 @@ def test_coreml_payload_reads_back_and_loads(coreml_pte):
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, expected, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.slow
 def test_coreml_same_pte_in_two_processes(tmp_path, caplog):
     """Two separate processes (no stage cache) write the same `.pte` for the same model: this
     one (through the CLI's entry point) and a fresh one (`python -m compiler`)."""

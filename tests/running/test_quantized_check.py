@@ -17,9 +17,9 @@ from compiler.running.tolerance import FLOAT32_ABSOLUTE
 SCHEMES = [
     ("int8_dynamic", None),
     ("int8_static", "per_channel"),
-    ("int8_static", "per_tensor"),
+    pytest.param("int8_static", "per_tensor", marks=pytest.mark.slow),
     ("8da4w", "per_group"),
-    ("8da4w", "per_channel"),
+    pytest.param("8da4w", "per_channel", marks=pytest.mark.slow),
     ("8da8w", "per_channel"),
 ]
 

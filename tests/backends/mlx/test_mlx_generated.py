@@ -79,6 +79,7 @@ print(len(ensure_generated(folder)))
 """
 
 
+@pytest.mark.slow
 def test_two_processes_racing_both_succeed(fresh_package, tmp_path):
     barrier = tmp_path / "barrier"
     barrier.mkdir()
