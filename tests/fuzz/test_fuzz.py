@@ -14,7 +14,7 @@ CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "cases", "*.py"
 # A campaign per backend: small and fixed (the seed replays it exactly). The default run
 # takes the first programs of it; CI's slow job the whole campaign, those first ones included.
 CI_EXAMPLES = {"portable": 20, "xnnpack": 20, "mlx": 20, "coreml": 12}
-DEFAULT_RUN_SHARE = 2  # the default run takes 1 / this of each campaign
+DEFAULT_RUN_SHARE = 4  # the default run takes 1 / this of each campaign
 
 
 def _campaigns():
