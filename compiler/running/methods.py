@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from compiler.ir.errors import UserInputError
-from compiler.running.runtime import LoadedProgram, _default_tolerance, _eager, _max_error, _model_dtype
+from compiler.running.runtime import LoadedProgram, default_tolerance, _eager, _max_error, _model_dtype
 from compiler.running.tolerance import Tolerance
 
 
@@ -107,7 +107,7 @@ def check_methods(
         worst, at = max(found)
         owner = getattr(eager[name], "__self__", eager[name])
         inputs = next(inputs for called, inputs in calls if called == name)
-        chosen = Tolerance.given(tolerance) if tolerance is not None else _default_tolerance(
+        chosen = Tolerance.given(tolerance) if tolerance is not None else default_tolerance(
             loaded, _model_dtype(owner, inputs), results[name], largest[name]
         )
         rows.append(MethodCheck(name, len(found), worst, at, chosen))

@@ -424,7 +424,7 @@ def compare_at(
 ) -> CheckResult:
     """Run the program (a CompileResult, `.pte` bytes or path) and eager PyTorch on the same
     inputs; report the largest errors against `tolerance` (absolute, for every output), or by
-    default against one that fits what the program computes (`_default_tolerance`, plus what
+    default against one that fits what the program computes (`default_tolerance`, plus what
     a step of each quantized activation does: `activation_steps`) for floating-point outputs,
     and exact integer outputs.
 
@@ -468,7 +468,7 @@ def compare_at(
         per_output.append((output_abs, output_rel))
     chosen = (
         Tolerance.given(tolerance) if tolerance is not None
-        else _default_tolerance(loaded, wider or model_dtype, actual, largest)
+        else default_tolerance(loaded, wider or model_dtype, actual, largest)
     )
     if tolerance is None and quantizes_activations(reference):
         steps = activation_steps(reference, reference_inputs, expected, state.rewind)
@@ -488,7 +488,7 @@ def compare_at(
     )
 
 
-def _default_tolerance(loaded: LoadedProgram, model_dtype: torch.dtype, actual: Sequence[Any], largest: float) -> Tolerance:
+def default_tolerance(loaded: LoadedProgram, model_dtype: torch.dtype, actual: Sequence[Any], largest: float) -> Tolerance:
     """The precision's tolerance (the least precise of the model's dtype, the program's and a
     delegate's compute precision), plus the rounding of outputs returned in a narrow dtype."""
     delegate = torch.float16 if loaded.computes_in_float16 else None

@@ -94,6 +94,28 @@ def _transformers_generate(model: llm.TextModel, prompt: Sequence[int], steps: i
     return out[0, len(prompt):].tolist()
 
 
+def first_difference(program_tokens: Sequence[int], eager_tokens: Sequence[int]) -> int | None:
+    """The first generated step whose token differs from eager's (a missing token counts), or None."""
+    for step, (got, want) in enumerate(zip(program_tokens, eager_tokens)):
+        if got != want:
+            return step
+    if len(program_tokens) != len(eager_tokens):
+        return min(len(program_tokens), len(eager_tokens))
+    return None
+
+
+def refuse_job(tokens: int, check: bool, options: dict, job: str) -> None:
+    """A job's arguments it cannot honour, before any compile: no tokens, or a check of a
+    quantized program (the jobs' checks compare with the float eager model)."""
+    if tokens < 1:
+        raise UserInputError(f"{tokens} tokens: the {job} needs at least one", hint="e.g. tokens=32")
+    if check and options.get("quantize"):
+        raise UserInputError(
+            f"the {job} check compares with the float eager model, not one quantized by {options['quantize']!r}",
+            stage="quantize", hint="check the float program, or compile the quantized one without the check",
+        )
+
+
 @attrs.frozen
 class GenerationCheck:
     model: str
@@ -114,13 +136,7 @@ class GenerationCheck:
 
     @property
     def first_difference(self) -> int | None:
-        """The first generated step whose token differs from eager's (a missing token counts), or None."""
-        for step, (got, want) in enumerate(zip(self.program_tokens, self.eager_tokens)):
-            if got != want:
-                return step
-        if len(self.program_tokens) != len(self.eager_tokens):
-            return min(len(self.program_tokens), len(self.eager_tokens))
-        return None
+        return first_difference(self.program_tokens, self.eager_tokens)
 
     @property
     def passed(self) -> bool:
@@ -162,7 +178,8 @@ class GenerationCheck:
         }
 
 
-def _pte(program: Any) -> bytes:
+def pte_bytes(program: Any) -> bytes:
+    """A job's program as bytes: a result, an ExecutorchProgram, `.pte` bytes or a path."""
     if isinstance(program, (str, os.PathLike)):
         return pathlib.Path(program).read_bytes()
     if isinstance(program, (bytes, bytearray)):
@@ -170,13 +187,13 @@ def _pte(program: Any) -> bytes:
     return getattr(program, "program", program).pte
 
 
-def _methods(pte: bytes) -> tuple[str, ...]:
+def pte_methods(pte: bytes) -> tuple[str, ...]:
     from compiler.ir.private_api import deserialize_pte
 
     return tuple(plan.name for plan in deserialize_pte(pte).program.execution_plan)
 
 
-def _runs_here(pte: bytes) -> bool:
+def runs_here(pte: bytes) -> bool:
     """Whether ExecuTorch's runtime here has every delegate of the program (else: the reference executor)."""
     from executorch.runtime import Runtime
 
@@ -266,7 +283,7 @@ def check_generation(
             f"({reference}): the eager reference itself is in doubt",
             hint="check the model's static cache: the step and generate must compute the same logits",
         )
-    pte = _pte(program)
+    pte = pte_bytes(program)
     load_llm_kernels()  # a program made elsewhere (optimum-executorch's) may call ExecuTorch's LLM ops
     loaded = LoadedProgram(pte)
     errors, program_argmax = [], []
@@ -279,7 +296,7 @@ def check_generation(
         program_argmax.append(int(got[-1].argmax()))
     first_generating = len(eager.calls) - len(eager.tokens)
     prefill_ms = decode_ms = None
-    if _runs_here(pte):
+    if runs_here(pte):
         runner = RUNNER
         with tempfile.TemporaryDirectory() as scratch:  # the runner reads files
             pte_path, tokenizer_path = pathlib.Path(scratch, "checked.pte"), pathlib.Path(scratch, TOKENIZER_FILE)
@@ -300,7 +317,7 @@ def check_generation(
     return GenerationCheck(
         model.name, backend, steps, tuple(prompt_ids), tuple(eager.tokens), tuple(tokens), runner,
         errors[worst], worst, Tolerance.given(tolerance) if tolerance is not None else _tolerance(loaded, largest),
-        _methods(pte), prefill_ms, decode_ms,
+        pte_methods(pte), prefill_ms, decode_ms,
     )
 
 
@@ -331,13 +348,7 @@ def generate(
     default where the backend has them; False keeps torch's. `options` are compile's."""
     from compiler import api
 
-    if tokens < 1:
-        raise UserInputError(f"{tokens} tokens: generate at least one", hint="e.g. tokens=32")
-    if check and options.get("quantize"):
-        raise UserInputError(
-            f"the generation check compares with the float eager model, not one quantized by {options['quantize']!r}",
-            stage="quantize", hint="check the float program, or compile the quantized one without the check",
-        )
+    refuse_job(tokens, check, options, "generation")
     text = (
         model if isinstance(model, llm.TextModel)
         else llm.text_model(model, max_cache_len=max_cache_len, dynamic_prefill=dynamic_prefill)

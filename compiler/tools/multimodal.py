@@ -166,7 +166,7 @@ def check_multimodal(
             f"({reference}): the eager reference itself is in doubt",
             hint="check the methods' static cache and the image's placement",
         )
-    pte = generation._pte(program)
+    pte = generation.pte_bytes(program)
     loaded = LoadedProgram(pte)
     (image,) = loaded((model.image,), method="vision_encoder")
     vision_error = (image - eager.image_embeddings).abs().max().item()
@@ -178,7 +178,7 @@ def check_multimodal(
         errors.append((got[0].double() - want.double()).abs().max().item())
         largest = max(largest, want.abs().max().item())
         argmax.append(int(got[0, -1].argmax()))
-    if generation._runs_here(pte):
+    if generation.runs_here(pte):
         runner = RUNNER
         with tempfile.TemporaryDirectory() as scratch:  # the runner reads files
             pte_path = pathlib.Path(scratch, "checked.pte")
@@ -198,7 +198,7 @@ def check_multimodal(
     return MultimodalCheck(
         model.name, backend, steps, flat, tuple(eager.tokens), tuple(tokens), runner, errors[worst], worst,
         Tolerance.given(tolerance) if tolerance is not None else generation._tolerance(loaded, largest),
-        generation._methods(pte), vision_error=vision_error,
+        generation.pte_methods(pte), vision_error=vision_error,
     )
 
 
@@ -224,13 +224,7 @@ def describe_image(
     update from the cache). `options` are compile's."""
     from compiler import api
 
-    if tokens < 1:
-        raise UserInputError(f"{tokens} tokens: generate at least one", hint="e.g. tokens=32")
-    if check and options.get("quantize"):
-        raise UserInputError(
-            f"the check compares with the float eager model, not one quantized by {options['quantize']!r}",
-            stage="quantize", hint="check the float program, or compile the quantized one without the check",
-        )
+    generation.refuse_job(tokens, check, options, "image description")
     model = vlm.vision_language_model(max_cache_len=max_cache_len)
     backend_options = {**generation.NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*model.constant_methods, *options.pop("emit_constant_methods", ()))

@@ -23,6 +23,7 @@ import torch
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import asr
 from compiler.running.tolerance import Tolerance
+from compiler.tools import generation
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +79,7 @@ class TranscriptionCheck:
 
     @property
     def first_difference(self) -> int | None:
-        for step, (got, want) in enumerate(zip(self.program_tokens, self.eager_tokens)):
-            if got != want:
-                return step
-        if len(self.program_tokens) != len(self.eager_tokens):
-            return min(len(self.program_tokens), len(self.eager_tokens))
-        return None
+        return generation.first_difference(self.program_tokens, self.eager_tokens)
 
     @property
     def passed(self) -> bool:
@@ -120,8 +116,7 @@ def check_transcription(
 ) -> TranscriptionCheck:
     """Greedy decoding of `steps` tokens by the program (a `compile_methods` result, `.pte` bytes
     or path) against eager: the tokens, the encoder's output and every step's logits."""
-    from compiler.running.runtime import LoadedProgram, _default_tolerance
-    from compiler.tools.generation import _methods, _pte, _runs_here
+    from compiler.running.runtime import LoadedProgram, default_tolerance
 
     if steps > model.max_cache_len:
         raise UserInputError(
@@ -129,7 +124,7 @@ def check_transcription(
             hint=f"ask for at most {model.max_cache_len} tokens",
         )
     eager_tokens, encoded = eager_greedy(model, steps)
-    pte = _pte(program)
+    pte = generation.pte_bytes(program)
     loaded = LoadedProgram(pte)
     (program_encoded,) = loaded((model.features,), method="encoder")
     encoder_error = (program_encoded - encoded).abs().max().item()
@@ -150,13 +145,13 @@ def check_transcription(
     finally:
         model.reset()
     worst = max(range(len(errors)), key=errors.__getitem__)
-    chosen = Tolerance.given(tolerance) if tolerance is not None else _default_tolerance(
+    chosen = Tolerance.given(tolerance) if tolerance is not None else default_tolerance(
         loaded, torch.float32, [program_encoded], max(largest, encoded.abs().max().item())
     )
-    runner = RUNTIME if _runs_here(pte) else REFERENCE
+    runner = RUNTIME if generation.runs_here(pte) else REFERENCE
     return TranscriptionCheck(
         model.name, backend, steps, tuple(eager_tokens), tuple(tokens), runner, encoder_error, errors[worst], worst,
-        chosen, _methods(pte),
+        chosen, generation.pte_methods(pte),
     )
 
 
@@ -177,13 +172,7 @@ def transcribe(
     tokens checked against eager. `options` are compile's."""
     from compiler import api
 
-    if tokens < 1:
-        raise UserInputError(f"{tokens} tokens: decode at least one", hint="e.g. tokens=32")
-    if check and options.get("quantize"):
-        raise UserInputError(
-            f"the transcription check compares with the float eager model, not one quantized by {options['quantize']!r}",
-            stage="quantize", hint="check the float program, or compile the quantized one without the check",
-        )
+    generation.refuse_job(tokens, check, options, "transcription")
     model = asr.speech_model(max_cache_len=max_cache_len)
     backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
     constant = (*model.constant_methods, *options.pop("emit_constant_methods", ()))
