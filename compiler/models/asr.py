@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from compiler.ir.errors import UserInputError
+from compiler.models import llm
 
 # The methods ExecuTorch's ASR runner calls.
 METHODS = ("encoder", "text_decoder")
@@ -111,16 +112,13 @@ class SpeechModel:
     def constant_methods(self) -> tuple[str, ...]:
         return (
             f"get_max_seq_len={self.max_cache_len}", f"get_vocab_size={self.vocab}",
-            "get_eos_ids=" + ",".join(map(str, self.eos)) + ("," if len(self.eos) == 1 else ""),
+            llm.eos_ids_metadata(self.eos),
             f"decoder_start_token_id={self.start}",
         )
 
     def reset(self) -> None:
         """Empty both caches: each transcription, and the compile's capture, start from the model as built."""
-        buffers = dict(self.methods.named_buffers())
-        with torch.no_grad():
-            for name, value in self.initial_state.items():
-                buffers[name].copy_(value)
+        llm.restore_state(self.methods, self.initial_state)
 
 
 def speech_model(max_cache_len: int = 64, vocab: int = 256, seed: int = 0) -> SpeechModel:

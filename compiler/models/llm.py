@@ -12,7 +12,7 @@ model from a config with random weights needs nothing downloaded. Needs the `mod
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import attrs
 import torch
@@ -56,6 +56,35 @@ def _sizes() -> dict:
 BUILT_IN = {"llama": _llama, "qwen3": _qwen3, "gemma": _gemma}
 
 
+def eos_ids_metadata(eos: Sequence[int]) -> str:
+    """`get_eos_ids` as emit_constant_methods takes it (one id keeps its comma: a list, not an int)."""
+    return "get_eos_ids=" + ",".join(map(str, eos)) + ("," if len(eos) == 1 else "")
+
+
+def runner_metadata(max_cache_len: int, vocab: int, bos: int, eos: Sequence[int], dynamic: bool) -> tuple[str, ...]:
+    """The metadata ExecuTorch's LLM runners read (llm_runner_helper.cpp), as emit_constant_methods.
+    A call's sequence and the whole context are both bounded by the cache (a shorter
+    get_max_seq_len would make the runner treat the cache as a sliding window)."""
+    return (
+        f"get_max_seq_len={max_cache_len}",
+        f"get_max_context_len={max_cache_len}",
+        f"get_vocab_size={vocab}",
+        f"get_bos_id={bos}",
+        eos_ids_metadata(eos),
+        "use_kv_cache=true",
+        f"enable_dynamic_shape={str(dynamic).lower()}",
+        "use_sdpa_with_kv_cache=false",
+    )
+
+
+def restore_state(module: torch.nn.Module, initial_state: Mapping[str, torch.Tensor]) -> None:
+    """Put the module's buffers back to the state it was built with (an empty KV cache)."""
+    buffers = dict(module.named_buffers())
+    with torch.no_grad():
+        for name, value in initial_state.items():
+            buffers[name].copy_(value)
+
+
 @attrs.frozen
 class TextModel:
     """A causal LM made ready for the runner: the decoder step to compile and what the runner
@@ -90,26 +119,11 @@ class TextModel:
 
     @property
     def constant_methods(self) -> tuple[str, ...]:
-        """The metadata `TextLLMRunner` reads (llm_runner_helper.cpp), as emit_constant_methods.
-        A call's sequence and the whole context are both bounded by the cache (a shorter
-        get_max_seq_len would make the runner treat the cache as a sliding window)."""
-        return (
-            f"get_max_seq_len={self.max_cache_len}",
-            f"get_max_context_len={self.max_cache_len}",
-            f"get_vocab_size={self.vocab}",
-            f"get_bos_id={self.bos}",
-            "get_eos_ids=" + ",".join(map(str, self.eos)) + ("," if len(self.eos) == 1 else ""),
-            "use_kv_cache=true",
-            f"enable_dynamic_shape={str(self.dynamic_prefill).lower()}",
-            "use_sdpa_with_kv_cache=false",
-        )
+        return runner_metadata(self.max_cache_len, self.vocab, self.bos, self.eos, self.dynamic_prefill)
 
     def reset(self) -> None:
         """Empty the KV cache: each generation, and the compile's capture, start from the model as built."""
-        buffers = dict(self.step.named_buffers())
-        with torch.no_grad():
-            for name, value in self.initial_state.items():
-                buffers[name].copy_(value)
+        restore_state(self.step, self.initial_state)
 
 
 def _from_folder(folder: str):

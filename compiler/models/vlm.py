@@ -170,23 +170,11 @@ class VisionLanguageModel:
     def constant_methods(self) -> tuple[str, ...]:
         """The metadata the runner reads (llm_runner_helper.cpp); BOS and the vocabulary it takes
         from the tokenizer."""
-        return (
-            f"get_max_seq_len={self.max_cache_len}",
-            f"get_max_context_len={self.max_cache_len}",
-            f"get_vocab_size={self.vocab}",
-            f"get_bos_id={self.bos}",
-            "get_eos_ids=" + ",".join(map(str, self.eos)) + ("," if len(self.eos) == 1 else ""),
-            "use_kv_cache=true",
-            "enable_dynamic_shape=true",
-            "use_sdpa_with_kv_cache=false",
-        )
+        return llm.runner_metadata(self.max_cache_len, self.vocab, self.bos, self.eos, dynamic=True)
 
     def reset(self) -> None:
         """Empty the KV cache: each generation, and the compile's capture, start from the model as built."""
-        buffers = dict(self.methods.named_buffers())
-        with torch.no_grad():
-            for name, value in self.initial_state.items():
-                buffers[name].copy_(value)
+        llm.restore_state(self.methods, self.initial_state)
 
 
 def vision_language_model(max_cache_len: int = 64, vocab: int = 256, seed: int = 0) -> VisionLanguageModel:
