@@ -104,6 +104,32 @@ def first_difference(program_tokens: Sequence[int], eager_tokens: Sequence[int])
     return None
 
 
+def up_to_first_difference(argmax: Sequence[int], eager_tokens: Sequence[int]) -> list[int]:
+    """The tokens a program fed eager's tokens generates itself: its argmax up to and including
+    the first one that differs from eager's (past it, it was fed a token it did not choose)."""
+    step = first_difference(argmax, eager_tokens)
+    return list(argmax) if step is None else list(argmax[: step + 1])
+
+
+def refuse_overflow(prompt: int, counted: str, steps: int, cache: int) -> None:
+    """A prompt of `prompt` positions and `steps` generated tokens that the KV cache cannot hold."""
+    if prompt + steps > cache:
+        raise UserInputError(
+            f"the prompt ({prompt} {counted}) and {steps} generated tokens do not fit the cache of {cache} positions",
+            hint=f"ask for at most {cache - prompt} tokens, or a longer cache",
+        )
+
+
+def require_agreement(eager: Sequence[int], reference: Sequence[int], through: str, hint: str) -> None:
+    """The eager reference must be transformers' own generate, or it is no reference."""
+    if list(reference) != list(eager):
+        raise CompileError(
+            f"greedy decoding through {through} ({list(eager)}) disagrees with transformers' generate "
+            f"({list(reference)}): the eager reference itself is in doubt",
+            hint=hint,
+        )
+
+
 def refuse_job(tokens: int, check: bool, options: dict, job: str) -> None:
     """A job's arguments it cannot honour, before any compile: no tokens, or a check of a
     quantized program (the jobs' checks compare with the float eager model)."""
@@ -204,7 +230,7 @@ def runs_here(pte: bytes) -> bool:
     return all(registry.is_available(d.id) for plan in plans for d in plan.delegates)
 
 
-def _tolerance(loaded, largest: float) -> Tolerance:
+def logit_tolerance(loaded, largest: float) -> Tolerance:
     if loaded.computes_in_float16:
         return Tolerance.for_precision("float16", largest, by_delegate=True)
     dtype = loaded.computes_in
@@ -269,20 +295,12 @@ def check_generation(
     from compiler.running.runtime import LoadedProgram
 
     prompt_ids = prompt_tokens(model, prompt)
-    if len(prompt_ids) + steps > model.max_cache_len:
-        raise UserInputError(
-            f"the prompt ({len(prompt_ids)} tokens with BOS) and {steps} generated tokens do not fit the cache of "
-            f"{model.max_cache_len} positions",
-            hint=f"ask for at most {model.max_cache_len - len(prompt_ids)} tokens, or a longer cache",
-        )
+    refuse_overflow(len(prompt_ids), "tokens with BOS", steps, model.max_cache_len)
     eager = eager_greedy(model, prompt_ids, steps)
-    reference = _transformers_generate(model, prompt_ids, steps)
-    if reference != eager.tokens:
-        raise CompileError(
-            f"greedy decoding through the decoder step ({eager.tokens}) disagrees with transformers' generate "
-            f"({reference}): the eager reference itself is in doubt",
-            hint="check the model's static cache: the step and generate must compute the same logits",
-        )
+    require_agreement(
+        eager.tokens, _transformers_generate(model, prompt_ids, steps), "the decoder step",
+        "check the model's static cache: the step and generate must compute the same logits",
+    )
     pte = pte_bytes(program)
     load_llm_kernels()  # a program made elsewhere (optimum-executorch's) may call ExecuTorch's LLM ops
     loaded = LoadedProgram(pte)
@@ -309,14 +327,11 @@ def check_generation(
         # Fed eager's tokens, the program's argmax at each step is its own greedy token up to the first
         # difference; one token past it says what it generated there.
         runner = REFERENCE
-        tokens = program_argmax[first_generating:]
-        differ = next((i for i, (a, b) in enumerate(zip(tokens, eager.tokens)) if a != b), None)
-        if differ is not None:
-            tokens = tokens[: differ + 1]
+        tokens = up_to_first_difference(program_argmax[first_generating:], eager.tokens)
     worst = max(range(len(errors)), key=errors.__getitem__)
     return GenerationCheck(
         model.name, backend, steps, tuple(prompt_ids), tuple(eager.tokens), tuple(tokens), runner,
-        errors[worst], worst, Tolerance.given(tolerance) if tolerance is not None else _tolerance(loaded, largest),
+        errors[worst], worst, Tolerance.given(tolerance) if tolerance is not None else logit_tolerance(loaded, largest),
         pte_methods(pte), prefill_ms, decode_ms,
     )
 

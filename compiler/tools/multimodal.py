@@ -152,20 +152,12 @@ def check_multimodal(
 
     segments = prompt_ids(model, prompt)
     length = sum(len(s) if s is not None else model.image_tokens for s in segments)
-    if length + steps > model.max_cache_len:
-        raise UserInputError(
-            f"the prompt ({length} positions with the image) and {steps} generated tokens do not fit the cache of "
-            f"{model.max_cache_len} positions",
-            hint=f"ask for at most {model.max_cache_len - length} tokens, or a longer cache",
-        )
+    generation.refuse_overflow(length, "positions with the image", steps, model.max_cache_len)
     eager = eager_greedy(model, segments, steps)
-    reference = _transformers_generate(model, segments, steps)
-    if reference != eager.tokens:
-        raise CompileError(
-            f"greedy decoding through the eager methods ({eager.tokens}) disagrees with transformers' generate "
-            f"({reference}): the eager reference itself is in doubt",
-            hint="check the methods' static cache and the image's placement",
-        )
+    generation.require_agreement(
+        eager.tokens, _transformers_generate(model, segments, steps), "the eager methods",
+        "check the methods' static cache and the image's placement",
+    )
     pte = generation.pte_bytes(program)
     loaded = LoadedProgram(pte)
     (image,) = loaded((model.image,), method="vision_encoder")
@@ -189,15 +181,12 @@ def check_multimodal(
     else:
         # Fed eager's tokens, the program's argmax is its own greedy token up to the first difference.
         runner = generation.REFERENCE
-        tokens = argmax[len(segments) - 1:]
-        differ = next((i for i, (a, b) in enumerate(zip(tokens, eager.tokens)) if a != b), None)
-        if differ is not None:
-            tokens = tokens[: differ + 1]
+        tokens = generation.up_to_first_difference(argmax[len(segments) - 1:], eager.tokens)
     worst = max(range(len(errors)), key=errors.__getitem__)
     flat = tuple(t for s in segments for t in (s if s is not None else (vlm.IMAGE,) * model.image_tokens))
     return MultimodalCheck(
         model.name, backend, steps, flat, tuple(eager.tokens), tuple(tokens), runner, errors[worst], worst,
-        Tolerance.given(tolerance) if tolerance is not None else generation._tolerance(loaded, largest),
+        Tolerance.given(tolerance) if tolerance is not None else generation.logit_tolerance(loaded, largest),
         generation.pte_methods(pte), vision_error=vision_error,
     )
 
