@@ -98,6 +98,7 @@ class MLXBackend(Backend):
         from executorch.backends.mlx.partitioner import MLXPartitioner
 
         handlers.register_item_of_a_tensor()
+        handlers.register_index_put()
         self.partitioner = MLXPartitioner(**partitioner_options)
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:

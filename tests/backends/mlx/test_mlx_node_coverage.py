@@ -288,8 +288,8 @@ def test_as_strided_reads_row_major_order_of_a_transposed_input():
 
 
 def test_index_copy_node_matches_torch():
-    """The pipeline decomposes index_copy into index_put before the MLX pattern sees
-    it, so IndexCopyNode is tested on its own: later indices win, negatives wrap."""
+    """IndexCopyNode on its own (compiled, it is our index_put handler's: test_mlx_cache_update.py):
+    later indices win, negatives wrap."""
     rng = np.random.default_rng(2)
     dst = rng.standard_normal((2, 6, 3)).astype(np.float32)
     update = rng.standard_normal((2, 4, 3)).astype(np.float32)
