@@ -16,10 +16,14 @@ MLX's `mlx::` ops) has an LM row with them and one without (torch's attention an
 The tiny Whisper
 (`compiler.tools.transcription`) is one program of two methods, `encoder` and `text_decoder`, sharing
 the cross-attention cache: greedy decoding run by ExecuTorch's runtime (portable, XNNPACK) or the
-reference executor, each call's logits against eager. The tiny LLaVA (`compiler.tools.multimodal`) is one
+reference executor, each call's logits against eager; on XNNPACK its times are ExecuTorch's runtime's
+for the ASR runner's calls (the pip wheel has no ASR runner binary): the `encoder` call, which is that
+runner's prefill (it prefills no tokens), in the prefill column as a whole call, and the `text_decoder`
+calls per token. The tiny LLaVA (`compiler.tools.multimodal`) is one
 program of `vision_encoder`, `token_embedding` and `text_decoder`, run by ExecuTorch's MultimodalRunner
-(portable, XNNPACK) or the reference executor after a prompt of text, an image and text; on MLX only with
-mlx:: ops (its partitioner splits torch's dynamic-length cache update from the cache). Cells merge by key into
+(portable, XNNPACK) or the reference executor after a prompt of text, an image and text; its times are over
+the runner's own Stats intervals and token counts (the prompt's 23 positions, the image's 16 among them).
+Cells merge by key into
 benchmarks/results/generation.json; the table between the README's `generation-table` markers
 is rendered from every cell held (tests/test_generation.py checks it is the committed results').
 Light to import: torch loads only when it measures.
@@ -94,6 +98,13 @@ def _milliseconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _prefill(cell: dict) -> str:
+    """The prefill column: per prompt token, or Whisper's encoder call whole (its runner prefills no tokens)."""
+    if cell.get("encoder_ms") is not None:
+        return f"{cell['encoder_ms']:.2f} (the encoder call)"
+    return _milliseconds(cell.get("prefill_ms_per_token"))
+
+
 def table(results: dict) -> str:
     lines = [
         "| model | backend | methods in the .pte | tokens equal to eager's | by | worst logit error (tolerance) "
@@ -112,7 +123,7 @@ def table(results: dict) -> str:
             lines.append(
                 f"| {model} | {backend} | {' + '.join(methods)} + {metadata} metadata | {_tokens(cell)} | {cell['runner']} "
                 f"| {cell['worst_logit_error']:.1e} ({cell['tolerance']:.0e}) "
-                f"| {_milliseconds(cell['prefill_ms_per_token'] if on_xnnpack else None)} "
+                f"| {_prefill(cell) if on_xnnpack else '-'} "
                 f"| {_milliseconds(cell['decode_ms_per_token'] if on_xnnpack else None)} |"
             )
     return "\n".join(lines)

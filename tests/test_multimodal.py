@@ -16,6 +16,8 @@ def test_llava_generates_as_eager_under_the_multimodal_runner(tmp_path):
     check = job.check
     assert check.passed, check.describe()
     assert check.runner == multimodal.RUNNER and len(check.program_tokens) == 3
+    # Timed over the runner's own Stats intervals and token counts.
+    assert check.prefill_ms_per_token > 0 and check.decode_ms_per_token > 0
     assert {*vlm.METHODS, "get_max_seq_len", "get_eos_ids", "enable_dynamic_shape"} <= set(check.methods)
     assert check.to_json()["program_methods"] == list(vlm.METHODS)
     assert job.pte_path.is_file() and job.tokenizer_path.is_file()
@@ -46,10 +48,11 @@ def test_llava_generates_32_tokens_as_eager_on_xnnpack():
 
 @pytest.mark.slow
 def test_llava_generates_32_tokens_as_eager_on_mlx_with_its_ops():
-    """MLX takes the dynamic-length cache update only as its own op: torch's is split from the cache."""
+    """With MLX's own cache update and attention (mlx:: ops) as without them."""
     check = multimodal.describe_image("mlx", tokens=32, check=True, backend_llm_ops=True).check
     assert check.passed, check.describe()
     assert check.runner == multimodal.generation.REFERENCE and check.llm_ops == "mlx"
+    assert check.prefill_ms_per_token is None and check.decode_ms_per_token is None  # no runner ran it
 
 
 @pytest.mark.slow

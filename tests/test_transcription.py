@@ -18,6 +18,9 @@ def test_whisper_decodes_as_eager_on_portable(tmp_path):
     assert check.passed, check.describe()
     assert check.runner == transcription.RUNTIME
     assert len(check.program_tokens) == 8 and len(set(check.eager_tokens)) > 1
+    # Under ExecuTorch's runtime the ASR runner's calls are timed: the encoder call, the decoder's per token.
+    assert check.encoder_ms > 0 and check.decode_ms_per_token > 0
+    assert {"encoder_ms", "decode_ms_per_token"} <= check.to_json().keys() and "encoder call" in check.describe()
     names = [plan.name for plan in deserialize_pte(job.pte_path.read_bytes()).program.execution_plan]
     assert {"encoder", "text_decoder", "get_max_seq_len", "decoder_start_token_id"} <= set(names)
     # The decoder reads the cross-attention keys from the one buffer the encoder writes.
@@ -40,6 +43,7 @@ def test_whisper_decodes_as_eager(backend):
     check = transcription.transcribe(backend, tokens=32, check=True).check
     assert check.passed, check.describe()
     assert check.runner == (transcription.RUNTIME if backend == "xnnpack" else transcription.REFERENCE)
+    assert (check.encoder_ms is not None) == (check.decode_ms_per_token is not None) == (backend == "xnnpack")
 
 
 def test_too_many_tokens_for_the_cache():

@@ -25,7 +25,7 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--backend-llm-ops", action="store_true",
         help="the decoder calls the backend's own attention and KV-cache ops (llama:: on portable and XNNPACK, "
-        "mlx:: on MLX, which needs them)",
+        "mlx:: on MLX)",
     )
     command.add_argument(
         "--check", action="store_true",

@@ -12,7 +12,9 @@ placeholders. Then, as for text generation (`compiler.tools.generation`):
   Core ML and MLX through our reference executor (the program's argmax fed eager's tokens);
 - logits: the program called as eager was (each input's embeddings from the program's own
   `vision_encoder` or `token_embedding`, then `text_decoder`), every call's logits within the
-  backend's tolerance, and the vision encoder's output too.
+  backend's tolerance, and the vision encoder's output too;
+- times, under `MultimodalRunner`: its prefill and decode milliseconds per token, over the intervals
+  and token counts of the runner's own `Stats` (its stats callback), timed here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import statistics
 import tempfile
+import time
 from typing import Any, Sequence
 
 import attrs
@@ -122,8 +126,15 @@ class MultimodalCheck(generation.GenerationCheck):
 
 
 def _runner_generation(
-    pte_path: str, tokenizer_path: str, model: vlm.VisionLanguageModel, prompt: Sequence[str | None], steps: int
-) -> list[int]:
+    pte_path: str, tokenizer_path: str, model: vlm.VisionLanguageModel, prompt: Sequence[str | None], steps: int,
+    repeats: int,
+) -> tuple[list[int], float, float]:
+    """Greedy tokens from MultimodalRunner's `generate`, and its prefill and decode milliseconds per
+    token: medians of `repeats` rounds of `generate` after `reset`. The intervals and counts are those
+    of the runner's `Stats`: prefill from the call to the first token (which the runner emits as the
+    prompt's inputs are prefilled) over its `num_prompt_tokens` (the image's positions included),
+    decode from there to its stats callback over its `num_generated_tokens`. They are timed here, as
+    its `Stats` count whole milliseconds and the tiny model's prompt takes about one."""
     from executorch.extension.llm.runner import GenerationConfig, MultimodalRunner, make_image_input, make_text_input
 
     from compiler.process.dependency_output import DependencyOutput
@@ -131,23 +142,40 @@ def _runner_generation(
     config = GenerationConfig(echo=False, max_new_tokens=steps, temperature=0.0, num_bos=1)
     inputs = [make_image_input(model.image[0]) if s is IMAGE else make_text_input(s) for s in prompt]
     pieces: list[str] = []
+    prefill, decode = [], []
     with DependencyOutput():  # the runner prints each token and its stats from C++
         try:
-            MultimodalRunner(pte_path, tokenizer_path).generate(inputs, config, pieces.append)
+            runner = MultimodalRunner(pte_path, tokenizer_path)
+            runner.generate(inputs, config, pieces.append)
+            for _ in range(repeats):
+                runner.reset()
+                tokens_at: list[float] = []
+                counts: list[tuple[int, int, float]] = []  # the Stats' prompt and generated tokens, when it came
+                start = time.perf_counter()
+                runner.generate(
+                    inputs, config, lambda _: tokens_at.append(time.perf_counter()),
+                    lambda stats: counts.append(
+                        (stats.num_prompt_tokens, stats.num_generated_tokens, time.perf_counter())
+                    ),
+                )
+                prompt_tokens, generated, ended = counts[-1]
+                prefill.append((tokens_at[0] - start) * 1e3 / prompt_tokens)
+                decode.append((ended - tokens_at[0]) * 1e3 / max(generated, 1))
         except RuntimeError as exc:
             raise CompileError(
                 f"MultimodalRunner failed to generate from the program: {exc}",
                 hint="run it with -v to see what the runner logged",
             ) from exc
-    return generation._runner_tokens(pieces, model)
+    return generation._runner_tokens(pieces, model), statistics.median(prefill), statistics.median(decode)
 
 
 def check_multimodal(
     program: Any, model: vlm.VisionLanguageModel, backend: str, steps: int = 32,
-    prompt: Sequence[str | None] = DEFAULT_PROMPT, tolerance: float | None = None,
+    prompt: Sequence[str | None] = DEFAULT_PROMPT, tolerance: float | None = None, repeats: int = 3,
 ) -> MultimodalCheck:
     """Greedy generation of `steps` tokens after the prompt by the program (a `compile_methods`
-    result, `.pte` bytes or path) against eager: tokens, every call's logits, the image's embeddings."""
+    result, `.pte` bytes or path) against eager: tokens, every call's logits, the image's embeddings;
+    under MultimodalRunner `repeats` timed rounds of it."""
     from compiler.running.runtime import LoadedProgram
 
     segments = prompt_ids(model, prompt)
@@ -170,6 +198,7 @@ def check_multimodal(
         errors.append((got[0].double() - want.double()).abs().max().item())
         largest = max(largest, want.abs().max().item())
         argmax.append(int(got[0, -1].argmax()))
+    prefill_ms = decode_ms = None
     if generation.runs_here(pte):
         runner = RUNNER
         with tempfile.TemporaryDirectory() as scratch:  # the runner reads files
@@ -177,7 +206,9 @@ def check_multimodal(
             tokenizer_path = pathlib.Path(scratch, generation.TOKENIZER_FILE)
             pte_path.write_bytes(pte)
             llm.tokenizer(model).save(str(tokenizer_path))
-            tokens = _runner_generation(str(pte_path), str(tokenizer_path), model, prompt, steps)
+            tokens, prefill_ms, decode_ms = _runner_generation(
+                str(pte_path), str(tokenizer_path), model, prompt, steps, repeats
+            )
     else:
         # Fed eager's tokens, the program's argmax is its own greedy token up to the first difference.
         runner = generation.REFERENCE
@@ -187,7 +218,7 @@ def check_multimodal(
     return MultimodalCheck(
         model.name, backend, steps, flat, tuple(eager.tokens), tuple(tokens), runner, errors[worst], worst,
         Tolerance.given(tolerance) if tolerance is not None else generation.logit_tolerance(loaded, largest),
-        generation.pte_methods(pte), vision_error=vision_error,
+        generation.pte_methods(pte), prefill_ms, decode_ms, vision_error=vision_error,
     )
 
 
@@ -209,8 +240,7 @@ def describe_image(
     `text_decoder` (and the metadata methods): `llava.pte` and `tokenizer.json` in `output_dir`;
     with `check`, greedy generation of `tokens` tokens after `prompt` (text segments and None for
     the image) checked against eager. `backend_llm_ops`: the decoder calls the backend's own attention
-    and KV-cache ops (`llm_ops`; MLX needs them: its partitioner splits torch's dynamic-length cache
-    update from the cache). `options` are compile's."""
+    and KV-cache ops (`llm_ops`). `options` are compile's."""
     from compiler import api
 
     generation.refuse_job(tokens, check, options, "image description")

@@ -7,7 +7,9 @@ agree with transformers' forward over the whole sequence without a cache), then 
 as the runner does: `encoder` once, then `text_decoder` on its own greedy tokens, one loaded
 program keeping its state between calls and methods (ExecuTorch's runtime on portable and
 XNNPACK, the reference executor on Core ML and MLX). Each call's logits are compared with eager's
-stepped on the same tokens, and the tokens with eager's greedy ones.
+stepped on the same tokens, and the tokens with eager's greedy ones. Under ExecuTorch's runtime the
+calls are also timed as the ASR runner makes them (the pip wheel has no ASR runner): the `encoder` call,
+the runner's prefill (it prefills no tokens), and the `text_decoder` calls per generated token.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import statistics
+import time
 from typing import Any
 
 import attrs
@@ -76,6 +80,8 @@ class TranscriptionCheck:
     worst_call: int
     tolerance: Tolerance
     methods: tuple[str, ...]  # the .pte's methods
+    encoder_ms: float | None = None  # the encoder call, under ExecuTorch's runtime (the ASR runner's prefill)
+    decode_ms_per_token: float | None = None  # the text_decoder calls per generated token, likewise
 
     @property
     def first_difference(self) -> int | None:
@@ -92,11 +98,15 @@ class TranscriptionCheck:
             f"{len(self.eager_tokens)} greedy tokens equal to eager's" if step is None
             else f"tokens differ from eager's at step {step} ({step} equal before it)"
         )
+        timing = (
+            f"; encoder call {self.encoder_ms:.3g} ms, decode {self.decode_ms_per_token:.3g} ms/token"
+            if self.encoder_ms is not None else ""
+        )
         return (
             f"transcription check ({self.model} on {self.backend}, by the {self.runner}; methods "
             f"{', '.join(self.methods)}): {tokens}; encoder error {self.encoder_error:.3g}, worst logit error "
             f"{self.worst_logit_error:.3g} at call {self.worst_call} -> {'OK' if self.passed else 'MISMATCH'} "
-            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule})"
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}){timing}"
         )
 
     def to_json(self) -> dict:
@@ -107,15 +117,36 @@ class TranscriptionCheck:
             "encoder_error": self.encoder_error, "worst_logit_error": self.worst_logit_error,
             "worst_call": self.worst_call, "tolerance": self.tolerance.absolute,
             "tolerance_rule": self.tolerance.rule, "methods": list(self.methods),
-            "program_methods": list(asr.METHODS), "prefill_ms_per_token": None, "decode_ms_per_token": None,
+            "program_methods": list(asr.METHODS), "encoder_ms": self.encoder_ms,
+            "decode_ms_per_token": self.decode_ms_per_token,
         }
 
 
+def _runtime_timing(loaded: Any, model: asr.SpeechModel, steps: int, repeats: int) -> tuple[float, float]:
+    """The encoder call's milliseconds and the text_decoder calls' per token, the calls made as the ASR
+    runner makes them (`encoder` on the features, then `text_decoder` on the start token and each greedy
+    token, `steps` calls): medians of `repeats` rounds timed here, after the check's round."""
+    encoder, decode = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        (encoded,) = loaded((model.features,), method="encoder")
+        encoded_at = time.perf_counter()
+        fed = model.start
+        for position in range(steps):
+            (logits,) = loaded((torch.tensor([[fed]]), encoded, torch.tensor([position])), method="text_decoder")
+            fed = int(logits[0, -1].argmax())
+        encoder.append((encoded_at - start) * 1e3)
+        decode.append((time.perf_counter() - encoded_at) * 1e3 / steps)
+    return statistics.median(encoder), statistics.median(decode)
+
+
 def check_transcription(
-    program: Any, model: asr.SpeechModel, backend: str, steps: int = 32, tolerance: float | None = None
+    program: Any, model: asr.SpeechModel, backend: str, steps: int = 32, tolerance: float | None = None,
+    repeats: int = 3,
 ) -> TranscriptionCheck:
     """Greedy decoding of `steps` tokens by the program (a `compile_methods` result, `.pte` bytes
-    or path) against eager: the tokens, the encoder's output and every step's logits."""
+    or path) against eager: the tokens, the encoder's output and every step's logits; under
+    ExecuTorch's runtime `repeats` timed rounds of the ASR runner's calls."""
     from compiler.running.runtime import LoadedProgram, default_tolerance
 
     if steps > model.max_cache_len:
@@ -148,10 +179,13 @@ def check_transcription(
     chosen = Tolerance.given(tolerance) if tolerance is not None else default_tolerance(
         loaded, torch.float32, [program_encoded], max(largest, encoded.abs().max().item())
     )
-    runner = RUNTIME if generation.runs_here(pte) else REFERENCE
+    runner, encoder_ms, decode_ms = REFERENCE, None, None
+    if generation.runs_here(pte):
+        runner = RUNTIME
+        encoder_ms, decode_ms = _runtime_timing(loaded, model, len(tokens), repeats)
     return TranscriptionCheck(
         model.name, backend, steps, tuple(eager_tokens), tuple(tokens), runner, encoder_error, errors[worst], worst,
-        chosen, generation.pte_methods(pte),
+        chosen, generation.pte_methods(pte), encoder_ms, decode_ms,
     )
 
 
