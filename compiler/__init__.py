@@ -32,6 +32,8 @@ _EXPORTS = {
     "VerificationError": "compiler.ir.errors",
     "sweep": "compiler.tools.sweeps",
     "generate": "compiler.tools.generation",
+    "locate": "compiler.tools.locate",
+    "locate_result": "compiler.tools.locate",
 }
 
 __all__ = sorted(_EXPORTS)

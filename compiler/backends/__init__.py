@@ -32,6 +32,30 @@ def delegate_runner(delegate_id: str):
     return getattr(importlib.import_module(module_name), class_name)
 
 
+# Delegate id -> "module:function" that reads a payload's intermediate values:
+#   intermediate_values(processed: bytes, inputs: Sequence[Tensor], named_data: Mapping[str, bytes])
+#       -> dict[str, Tensor]
+# `processed` the payload, `inputs` the delegate call's inputs, `named_data` the data the payload's
+# lowering stored outside it (key -> bytes); the result is keyed by the names of the Edge nodes the
+# payload's ops came from (the delegate's original program's node names), each the value of that
+# node as the payload computes it. `compiler.tools.locate` reads values inside a payload through it;
+# for a delegate without one (XNNPACK) it cuts the delegate instead. An entry whose module has no
+# such function yet counts as absent.
+INTERMEDIATE_VALUES: dict[str, str] = {
+    "CoreMLBackend": "compiler.backends.coreml.reference:intermediate_values",
+    "MLXBackend": "compiler.backends.mlx.reference:intermediate_values",
+}
+
+
+def intermediate_values(delegate_id: str):
+    """The function that reads this delegate's intermediate values inside a payload, or None."""
+    where = INTERMEDIATE_VALUES.get(delegate_id)
+    if where is None:
+        return None
+    module_name, function_name = where.split(":")
+    return getattr(importlib.import_module(module_name), function_name, None)
+
+
 def available() -> tuple[str, ...]:
     return tuple(BY_NAME)
 
@@ -83,4 +107,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'compiler.backends' has no attribute {name!r}")
 
 
-__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "load", "resolve", "runs_on"]
+__all__ = ["Backend", "BackendPartition", "KeepWhole", "available", "intermediate_values", "load", "resolve", "runs_on"]

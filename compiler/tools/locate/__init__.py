@@ -1,0 +1,160 @@
+"""`locate`: when a program's numbers differ from eager, the first stage and the first node
+that diverge, inside a delegate too, and the chain of errors from the inputs to it.
+
+    location = compiler.locate(model, (x,), backend="coreml")
+    print(location.describe())
+
+By stage (`stages.py`): eager and every kept stage's program on the same inputs, each held
+to the tolerance for what it computes in. By node (`nodes.py`): the diverging stage's program
+and the last good stage's, node by node, matched through provenance. Inside a delegate: the
+backend's `intermediate_values` hook (`compiler.backends.intermediate_values`) where it has
+one, else a cut (`cut.py`): the partition lowered again with the suspect node as an output.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from compiler import backends
+from compiler.tools.locate import compare, cut, nodes, stages
+from compiler.tools.locate.programs import run_eager, run_exported, user_leaves
+from compiler.tools.locate.report import Divergence, Location, StageError, Step
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Divergence", "Location", "StageError", "Step", "locate", "locate_result"]
+
+
+def locate(model: torch.nn.Module, inputs: Any, backend: Any = None, **options: Any) -> Location:
+    """Compile `model` for `backend` (a name or a Backend object; options as `compiler.compile`
+    takes them) and locate where its program's outputs first leave eager's."""
+    from compiler.api import compile
+
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    result = compile(model, inputs, backend, **options)
+    return locate_result(result, model, inputs, backend=backend if isinstance(backend, backends.Backend) else None)
+
+
+def _sources(result: Any) -> list:
+    """The kept programs, earliest first: where a node's source line is looked up."""
+    from compiler.stages import STAGE_NAMES
+
+    programs = []
+    for name in STAGE_NAMES:
+        program = getattr(result.stages.get(name), "program", None)
+        if hasattr(program, "graph_signature") and all(program is not p for p in programs):
+            programs.append(program)
+    return programs
+
+
+def locate_result(
+    result: Any, model: torch.nn.Module, inputs: Any, *, backend: Any = None
+) -> Location:
+    """Locate the divergence of an existing CompileResult's stages from `model` on `inputs`.
+    `backend`: the Backend object it was compiled with, when not the one its configuration names
+    (the cut inside a delegate lowers again with it)."""
+    from compiler.process.dependency_output import DependencyOutput
+
+    with DependencyOutput() as output:
+        location = _locate(result, model, inputs, backend)
+    logger.debug("while locating, dependencies printed: %s", output.leftover)
+    return location
+
+
+def _locate(result: Any, model: torch.nn.Module, inputs: Any, backend: Any) -> Location:
+    start = time.perf_counter()
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    quantized = result.stages.get("quantize")
+    reference = quantized.module if getattr(quantized, "float_module", None) is not None else model
+    dtype = compare.model_dtype(reference, user_leaves(inputs))
+    expected = run_eager(reference, inputs)
+    found = stages.by_stage(result.stages, expected, inputs, dtype)
+    name = result.config.backend
+    if found.first_bad is None:
+        return Location(name, found.rows, seconds=time.perf_counter() - start)
+    if found.last_good is None:
+        note = (
+            f"the first kept program ({found.first_bad}) already differs from eager: node values are compared "
+            "between programs, and eager has none to compare with"
+        )
+        return Location(name, found.rows, found.first_bad, note=note, seconds=time.perf_counter() - start)
+    if found.first_bad == "emit":
+        note = ("the lowered program agrees with eager and the emitted one does not: the emitter or memory "
+                "planning (run the .pte with the reference executor to compare instruction by instruction)")
+        return Location(name, found.rows, "emit", note=note, seconds=time.perf_counter() - start)
+    good = result.stages[found.last_good].program
+    bad = result.stages[found.first_bad].program
+    good_run = run_exported(good, inputs, keep=True)
+    bad_run = run_exported(bad, inputs, keep=True)
+    sources = _sources(result)
+    finding = nodes.by_node(found.last_good, good, good_run, bad, bad_run, dtype, sources)
+    divergence, path, note = finding.divergence, finding.path, finding.note
+    if finding.delegate_call is not None:
+        backend_obj = backend or backends.resolve(name, result.config.backend_options)
+        divergence, path, note = _inside_delegate(
+            finding, result, backend_obj, good, good_run, bad, bad_run, inputs, dtype, sources, found.last_good
+        )
+    return Location(name, found.rows, found.first_bad, divergence, path, note, time.perf_counter() - start)
+
+
+def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inputs, dtype, sources, good_name):
+    """The payload op whose value diverges first inside the delegate call the node bisection named:
+    through the backend's hook when it has one, else by cutting the delegate."""
+    call = next(n for n in bad.graph.nodes if n.name == finding.delegate_call)
+    lowered = getattr(bad.graph_module, call.args[0].target)
+    delegate = f"{call.name} ({lowered.backend_id})"
+    outputs = nodes.delegate_outputs(bad)
+    diverging = [outputs[s.node] for s in finding.path if s.over and s.node in outputs]
+    inside = [n.name for n in lowered.original_module.graph.nodes if n.op == "call_function"]
+    hook = backends.intermediate_values(lowered.backend_id)
+    if hook is not None:
+        given = [bad_run.values[a.name] for a in call.args[1:] if isinstance(a, torch.fx.Node)]
+        named = dict(getattr(lowered.named_data_store_output, "pte_data", None) or {})
+        buffers = getattr(lowered.named_data_store_output, "buffers", None) or []
+        data = {key: bytes(buffers[entry.buffer_index]) for key, entry in named.items()}
+        values = hook(lowered.processed_bytes, given, data)
+        found_by = f"the {lowered.backend_id} payload's intermediate values"
+    else:
+        values, found_by = None, None
+    split = result.stages.get("split_constants")
+    if values is None:
+        if split is None or split.program is not good or not diverging:
+            return None, finding.path, (finding.note or "") + "; the split_constants program is not kept: no cut"
+        tag = cut.tag_of(good, inside)
+        order = cut.candidates(good, tag, diverging[0])
+        cutter = cut.Cut(split, backend, result.config, inputs)
+        reference = good_run.values
+
+        def over(name: str) -> bool:
+            got = cutter.values([name]).get(name)
+            e = compare.error(got, reference[name])
+            return e is None or e > compare.tolerance(bad_run, dtype, [got], [reference[name]]).absolute
+
+        suspect = cut.first_over(order, over)
+        errors0 = nodes.NodeErrors({}, {})
+        route = [n.name for n in nodes.path_to(suspect, errors0, nodes.weights(good))]
+        inside_names = {c.name for c in order}
+        probed = [n for n in route if n in inside_names] + [n.name for n in suspect.all_input_nodes if n.name in inside_names]
+        values = cutter.values(list(dict.fromkeys(probed)))
+        found_by = (f"cutting the delegate: {len(cutter.lowerings)} lowerings of the partition with a node's value "
+                    f"as an extra output ({sum(s for _, s in cutter.lowerings):.1f} s)")
+    # Values inside the payload (and those the lowered program gave at its boundary) against the
+    # program before lowering, node by node in its order.
+    measured = {**{outputs[k]: v for k, v in bad_run.values.items() if k in outputs},
+                **{n: bad_run.values[n] for n in bad_run.values if n in good_run.values and n not in outputs},
+                **values}
+    same = {n: n for n in measured}
+    errors = nodes.node_errors(good.graph.nodes, same, measured, good_run.values, bad_run, dtype)
+    node = nodes.first_diverging(good, errors)
+    if node is None:
+        return None, finding.path, f"{finding.note}; no node inside it measured over its tolerance"
+    route = nodes.path_to(node, errors, nodes.weights(good))
+    divergence = nodes.divergence_at(
+        node, errors, [good, *sources], f"against the {good_name} program's {node.name}", found_by, delegate,
+    )
+    return divergence, nodes.steps(route, errors), None

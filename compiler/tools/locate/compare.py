@@ -1,0 +1,80 @@
+"""Errors between two values and the tolerance they are held to: the check's own rule
+(`compiler.running.runtime.default_tolerance`), asked for what the program at hand computes
+in, so a stage that computes in float32 is held to float32's tolerance even when the lowered
+program computes in float16."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from compiler.running.runtime import default_tolerance
+from compiler.running.tolerance import Tolerance
+from compiler.tools.locate.programs import ProgramRun, least_precise
+
+
+@attrs.frozen
+class _Computes:
+    """What `default_tolerance` reads of a loaded program, for a program run here."""
+
+    computes_in: torch.dtype | None
+    computes_in_float16: bool
+
+
+def error(got: Any, want: Any) -> float | None:
+    """The largest absolute difference of two tensors of one shape (None: not comparable)."""
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
+        return None
+    if got.is_complex() or want.is_complex() or not got.numel():
+        return 0.0 if not got.numel() else (got - want).abs().max().item()
+    return (got.detach().to(torch.float64) - want.detach().to(torch.float64)).abs().max().item()
+
+
+def largest(values: Sequence[Any]) -> float:
+    floating = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    return max((v.detach().abs().max().item() for v in floating), default=0.0)
+
+
+def tolerance(run: ProgramRun, model_dtype: torch.dtype, actual: Sequence[Any], expected: Sequence[Any]) -> Tolerance:
+    """The check's tolerance for `actual` against `expected`, for a program computing as `run` did."""
+    return default_tolerance(_Computes(run.computes_in, run.computes_in_float16), model_dtype, actual, largest(expected))
+
+
+def model_dtype(module: torch.nn.Module, inputs: Sequence[Any]) -> torch.dtype:
+    """The floating dtype an eager model computes in: its weights' least precise, else its inputs'."""
+    held = [*module.parameters(), *module.buffers()]
+    given = [t for t in inputs if isinstance(t, torch.Tensor)]
+    return least_precise(t.dtype for t in held) or least_precise(t.dtype for t in given) or torch.float32
+
+
+@attrs.frozen
+class Compared:
+    """Outputs against reference outputs: the largest error, per output, and the tolerance."""
+
+    errors: tuple[float | None, ...]
+    tolerance: Tolerance
+
+    @property
+    def max_error(self) -> float:
+        return max((e for e in self.errors if e is not None), default=0.0)
+
+    @property
+    def passed(self) -> bool:
+        return all(e is not None for e in self.errors) and self.max_error <= self.tolerance.absolute
+
+
+def outputs(run: ProgramRun, expected: Sequence[Any], dtype: torch.dtype) -> Compared:
+    """A stage's outputs against eager's, at the tolerance for what the stage computes in; an
+    integer output must match exactly, as in the check."""
+    got = list(run.outputs)
+    if len(got) != len(expected):
+        return Compared(tuple(None for _ in expected), tolerance(run, dtype, got, expected))
+    errors = []
+    for g, w in zip(got, expected):
+        e = error(g, w)
+        if e is not None and isinstance(w, torch.Tensor) and not (w.is_floating_point() or w.is_complex()) and e:
+            e = float("inf")  # an integer off by anything fails
+        errors.append(e)
+    return Compared(tuple(errors), tolerance(run, dtype, got, expected))

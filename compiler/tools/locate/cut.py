@@ -1,0 +1,112 @@
+"""Values inside a delegate whose runtime shows none (XNNPACK): cut it at the suspect node.
+
+The program before lowering (the split_constants stage's) is copied with the suspect node's
+value made an extra output, and lowered again through the same backend: the partition then
+returns that value, and running the lowered program gives it as the payload computes it. A
+binary search over the partition's nodes (topological order, the diverging output's ancestors
+only) finds the first whose value leaves the tolerance in about log2(n) lowerings; one more
+lowering with the whole path to it as outputs gives the chain of errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import attrs
+import torch
+from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
+
+from compiler.ir.graph import DELEGATION_TAG
+from compiler.tools.locate.programs import run_exported
+from compiler.tools.locate.nodes import delegate_outputs
+
+logger = logging.getLogger(__name__)
+
+
+def with_outputs(split: Any, names: Sequence[str]) -> Any:
+    """A copy of the split_constants artifact whose program also returns the nodes `names`."""
+    program = copy.deepcopy(split.program)
+    nodes = {n.name: n for n in program.graph.nodes}
+    output = program.graph.output_node()
+    wanted = [nodes[name] for name in names]
+    output.args = (tuple(output.args[0]) + tuple(wanted),)
+    program.graph_signature.output_specs.extend(
+        OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(name), None) for name in names
+    )
+    program.graph_module.recompile()
+    return attrs.evolve(split, program=program)
+
+
+def lower(split: Any, backend: Any, config: Any) -> Any:
+    """The lower stage alone on `split`, without verification (the cut's program is ours)."""
+    from compiler.driver.config import DriverOptions
+    from compiler.driver.instruments import instruments_for
+    from compiler.driver.pipeline import Pipeline
+    from compiler.process.dependency_output import DependencyOutput
+    from compiler.stages import default_stages
+
+    with DependencyOutput():
+        result = Pipeline(default_stages()).execute(
+            split, backend, config, instruments_for(DriverOptions(verify=False, reproducer=False)),
+            start_after="split_constants", stop_after="lower",
+        )
+    return result.artifact
+
+
+@attrs.frozen
+class Cut:
+    """Values of nodes inside a delegate, as its payload computes them, by re-lowering."""
+
+    split: Any
+    backend: Any
+    config: Any
+    inputs: tuple
+    lowerings: list = attrs.field(factory=list)  # (names probed, seconds), for the report
+
+    def values(self, names: Sequence[str]) -> dict[str, Any]:
+        import time
+
+        start = time.perf_counter()
+        lowered = lower(with_outputs(self.split, names), self.backend, self.config)
+        run = run_exported(lowered.program, self.inputs, keep=True)
+        back = delegate_outputs(lowered.program)
+        found = {back[n]: v for n, v in run.values.items() if n in back}
+        self.lowerings.append((tuple(names), time.perf_counter() - start))
+        logger.info("locate: cut at %s in %.1f s", ", ".join(names), time.perf_counter() - start)
+        return {name: found[name] for name in names if name in found}
+
+
+def candidates(split_program: Any, tag: str, diverging: str) -> list[torch.fx.Node]:
+    """The partition's computed nodes that `diverging` depends on (itself included), in order."""
+    nodes = {n.name: n for n in split_program.graph.nodes}
+    ancestors, frontier = set(), [nodes[diverging]]
+    while frontier:
+        node = frontier.pop()
+        if node.name in ancestors:
+            continue
+        ancestors.add(node.name)
+        frontier += node.all_input_nodes
+    return [
+        n for n in split_program.graph.nodes
+        if n.name in ancestors and n.op == "call_function" and n.meta.get(DELEGATION_TAG) == tag
+        and isinstance(n.meta.get("val"), torch.Tensor)
+    ]
+
+
+def first_over(order: Sequence[torch.fx.Node], over: Callable[[str], bool]) -> torch.fx.Node:
+    """Binary search for the first node of `order` that is over (the last one is)."""
+    low, high = 0, len(order) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if over(order[middle].name):
+            high = middle
+        else:
+            low = middle + 1
+    return order[low]
+
+
+def tag_of(split_program: Any, node_names: Mapping[str, Any] | Sequence[str]) -> str | None:
+    tags = {n.name: n.meta.get(DELEGATION_TAG) for n in split_program.graph.nodes}
+    return next((tags[n] for n in node_names if tags.get(n)), None)

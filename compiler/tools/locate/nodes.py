@@ -1,0 +1,285 @@
+"""Bisection by node inside the first diverging stage.
+
+The stage's program and the last good stage's program both run node by node; each node of the
+diverging program is matched to the node of the good one that computes the same value, through
+its provenance: the same name (stages that keep nodes keep names), the same debug handle (Edge
+programs), or the nearest node its `meta["from_node"]` chain names (a decomposition's ops name
+the op they came from; of several of one shape, the last computes its value). The first node in
+topological order whose value leaves the tolerance is named, with its inputs' errors and the
+source line it came from. In a lowered program a delegate call is one node whose outputs are
+matched through the delegate's original program; inside it, values come from the backend's
+`intermediate_values` hook, or from cutting the delegate (`cut.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+
+from compiler.ir import dialect
+from compiler.tools.locate import compare
+from compiler.tools.locate.programs import ProgramRun
+from compiler.tools.locate.report import Divergence, Step
+
+logger = logging.getLogger(__name__)
+
+DELEGATE_CALL = "executorch_call_delegate"
+
+
+def op_name(node: torch.fx.Node) -> str:
+    if node.op == "placeholder":
+        return "input"
+    if node.op == "output":
+        return "output"
+    return dialect.op_name(node.target)
+
+
+def provenance(node: torch.fx.Node) -> list[str]:
+    """The names of the nodes `node` came from, nearest first (`meta["from_node"]`)."""
+    names: list[str] = []
+    frontier = list(node.meta.get("from_node") or [])
+    while frontier:
+        source = frontier.pop(0)
+        if source.name not in names:
+            names.append(source.name)
+        frontier += list(getattr(source, "from_node", None) or [])
+    return names
+
+
+def _same_kind(one: torch.fx.Node, other: torch.fx.Node) -> bool:
+    a, b = one.meta.get("val"), other.meta.get("val")
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return False
+    return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+
+
+def match(good: ExportedProgram, bad: ExportedProgram) -> dict[str, str]:
+    """Node of `bad` -> the node of `good` computing the same value (those without one left out)."""
+    known = {n.name: n for n in good.graph.nodes if n.op != "output"}
+    handles = {n.meta["debug_handle"]: n for n in known.values() if isinstance(n.meta.get("debug_handle"), int)}
+    exact: dict[str, str] = {}
+    derived: dict[str, list[str]] = {}  # good name -> bad nodes that came from it, in order
+    for node in bad.graph.nodes:
+        if node.op == "output":
+            continue
+        same = known.get(node.name)
+        if same is not None and (_same_kind(node, same) or node.op == "placeholder"):
+            exact[node.name] = same.name
+            continue
+        handle = node.meta.get("debug_handle")
+        if isinstance(handle, int) and handle in handles and _same_kind(node, handles[handle]):
+            derived.setdefault(handles[handle].name, []).append(node.name)
+            continue
+        for name in provenance(node):
+            if name in known and _same_kind(node, known[name]):
+                derived.setdefault(name, []).append(node.name)
+                break
+    matched = dict(exact)
+    taken = set(exact.values())
+    for good_name, nodes in derived.items():
+        if good_name not in taken:
+            matched[nodes[-1]] = good_name  # of a decomposition's ops, the last makes the value
+    return matched
+
+
+def _frames(trace: str) -> list[tuple[str, str, str]]:
+    """(file, line, code) of each frame of a `stack_trace`, outermost first."""
+    frames, lines = [], trace.splitlines()
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text.startswith('File "'):
+            file, _, rest = text[len('File "'):].partition('", line ')
+            number = rest.split(",")[0]
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File") else ""
+            frames.append((file, number, code))
+    return frames
+
+
+def source_line(trace: str | None) -> str | None:
+    """The last frame outside torch itself (the user's or a library's code), as file:line: code."""
+    if not trace:
+        return None
+    frames = _frames(trace)
+    torch_dir = torch.__file__.rsplit("/", 1)[0] + "/"
+    own = [f for f in frames if not f[0].startswith(torch_dir)] or frames
+    if not own:
+        return None
+    file, number, code = own[-1]
+    return f"{file}:{number}: {code}" if code else f"{file}:{number}"
+
+
+def module_path(stack: Mapping[str, Any] | None) -> str | None:
+    """The innermost module of `meta["nn_module_stack"]`: its path and class."""
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    cls = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1]
+    return f"{path or '(the model)'} ({cls})"
+
+
+def origin(node: torch.fx.Node, programs: Sequence[ExportedProgram]) -> tuple[str | None, str | None]:
+    """The node's source line and module, from its own meta or the earliest kept program's node
+    its provenance names."""
+    trace, stack = node.meta.get("stack_trace"), node.meta.get("nn_module_stack")
+    if trace and stack:
+        return source_line(trace), module_path(stack)
+    names = [node.name, *provenance(node)]
+    for program in programs:
+        by_name = {n.name: n for n in program.graph.nodes}
+        for name in names:
+            other = by_name.get(name)
+            if other is not None and (other.meta.get("stack_trace") or other.meta.get("nn_module_stack")):
+                return (source_line(trace or other.meta.get("stack_trace")),
+                        module_path(stack or other.meta.get("nn_module_stack")))
+    return source_line(trace), module_path(stack)
+
+
+@attrs.frozen
+class NodeErrors:
+    """Each compared node's error and tolerance, by the diverging program's node name."""
+
+    errors: Mapping[str, float]
+    tolerances: Mapping[str, float]
+
+    def over(self, name: str) -> bool:
+        return name in self.errors and self.errors[name] > self.tolerances[name]
+
+
+def node_errors(
+    nodes: Iterable[torch.fx.Node], matched: Mapping[str, str], values: Mapping[str, Any],
+    reference: Mapping[str, Any], run: ProgramRun, dtype: torch.dtype,
+) -> NodeErrors:
+    errors, tolerances = {}, {}
+    for node in nodes:
+        other = matched.get(node.name)
+        if other is None or node.name not in values or other not in reference:
+            continue
+        got, want = values[node.name], reference[other]
+        e = compare.error(got, want)
+        if e is None or not isinstance(want, torch.Tensor):
+            continue
+        if not (want.is_floating_point() or want.is_complex()):
+            e = float("inf") if e else 0.0
+        errors[node.name] = e
+        tolerances[node.name] = compare.tolerance(run, dtype, [got], [want]).absolute
+    return NodeErrors(errors, tolerances)
+
+
+def path_to(node: torch.fx.Node, errors: NodeErrors, is_weight: Callable[[torch.fx.Node], bool]) -> list[torch.fx.Node]:
+    """The nodes from an input to `node`: back through the input furthest over its tolerance (or
+    the first computed input where none was measured), weights left aside."""
+    path = [node]
+    seen = {node.name}
+    while True:
+        inputs = [n for n in path[-1].all_input_nodes if not is_weight(n) and n.name not in seen]
+        if not inputs:
+            break
+        measured = [n for n in inputs if n.name in errors.errors]
+        if measured:
+            chosen = max(measured, key=lambda n: errors.errors[n.name] / max(errors.tolerances[n.name], 1e-30))
+        else:
+            chosen = next((n for n in inputs if isinstance(n.meta.get("val"), torch.Tensor)), inputs[0])
+        path.append(chosen)
+        seen.add(chosen.name)
+    return list(reversed(path))
+
+
+def steps(path: Sequence[torch.fx.Node], errors: NodeErrors) -> tuple[Step, ...]:
+    return tuple(
+        Step(n.name, op_name(n), errors.errors.get(n.name), errors.tolerances.get(n.name)) for n in path
+    )
+
+
+def weights(program: ExportedProgram) -> Callable[[torch.fx.Node], bool]:
+    signature = program.graph_signature
+    held = set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers) | set(
+        signature.inputs_to_lifted_tensor_constants
+    )
+    return lambda n: n.op == "placeholder" and n.name in held
+
+
+def first_diverging(program: ExportedProgram, errors: NodeErrors) -> torch.fx.Node | None:
+    """The first node (topological order) over its tolerance whose measured inputs are within theirs."""
+    for node in program.graph.nodes:
+        if node.op == "output" or not errors.over(node.name):
+            continue
+        if not any(errors.over(n.name) for n in node.all_input_nodes):
+            return node
+    return None
+
+
+@attrs.frozen
+class NodeFinding:
+    divergence: Divergence | None
+    path: tuple[Step, ...] = ()
+    note: str | None = None
+    # For a lowered program: the delegate call whose outputs diverge first (node name), if any.
+    delegate_call: str | None = None
+
+
+def divergence_at(
+    node: torch.fx.Node, errors: NodeErrors, programs: Sequence[ExportedProgram], reference: str,
+    found_by: str = "node values", delegate: str | None = None, op: str | None = None,
+) -> Divergence:
+    source, module = origin(node, programs)
+    inputs = tuple((n.name, errors.errors.get(n.name)) for n in node.all_input_nodes)
+    return Divergence(
+        node.name, op or op_name(node), errors.errors[node.name], errors.tolerances[node.name], inputs,
+        source, module, delegate, found_by, reference,
+    )
+
+
+def by_node(
+    good_name: str, good: ExportedProgram, good_run: ProgramRun, bad: ExportedProgram, bad_run: ProgramRun,
+    dtype: torch.dtype, sources: Sequence[ExportedProgram],
+) -> NodeFinding:
+    """The first node of `bad` whose value leaves the tolerance against the node of `good` it
+    matches (both runs kept their values); a lowered `bad`'s delegate outputs are matched through
+    each delegate's original program."""
+    matched = match_lowered(good, bad)
+    errors = node_errors(bad.graph.nodes, matched, bad_run.values, good_run.values, bad_run, dtype)
+    logger.info("locate: %d of %d nodes matched the %s program", len(errors.errors), len(bad.graph.nodes), good_name)
+    node = first_diverging(bad, errors)
+    if node is None:
+        return NodeFinding(None, note=f"no node matched to the {good_name} program leaves its tolerance "
+                           f"({len(errors.errors)} compared): the divergence is in nodes with no counterpart there")
+    if node.op == "call_function" and node.target is operator.getitem and node.args[0].op == "call_function":
+        call = node.args[0]
+        if getattr(call.target, "__name__", None) == DELEGATE_CALL:
+            lowered = getattr(bad.graph_module, call.args[0].target)
+            return NodeFinding(
+                None, steps(path_to(node, errors, weights(bad)), errors), delegate_call=call.name,
+                note=f"the outputs of delegate call {call.name} ({lowered.backend_id}) diverge while its inputs agree",
+            )
+    divergence = divergence_at(node, errors, [bad, *sources], f"against the {good_name} program's {matched[node.name]}")
+    return NodeFinding(divergence, steps(path_to(node, errors, weights(bad)), errors))
+
+
+def delegate_outputs(lowered_program: ExportedProgram) -> dict[str, str]:
+    """Each getitem of a delegate call in a lowered program -> the name of the node of the
+    program before lowering whose value it is (the delegate's original program keeps names)."""
+    named = {}
+    for node in lowered_program.graph.nodes:
+        if node.op != "call_function" or node.target is not operator.getitem:
+            continue
+        call = node.args[0]
+        if getattr(call, "op", None) != "call_function" or getattr(call.target, "__name__", None) != DELEGATE_CALL:
+            continue
+        lowered = getattr(lowered_program.graph_module, call.args[0].target)
+        outputs = lowered.original_module.graph.output_node().args[0]
+        source = outputs[node.args[1]]
+        if isinstance(source, torch.fx.Node):
+            named[node.name] = source.name
+    return named
+
+
+def match_lowered(split: ExportedProgram, lowered: ExportedProgram) -> dict[str, str]:
+    """`match`, with each delegate output matched through the delegate's original program."""
+    matched = match(split, lowered)
+    matched.update(delegate_outputs(lowered))
+    return matched

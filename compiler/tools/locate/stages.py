@@ -1,0 +1,79 @@
+"""Bisection by stage: every kept stage's program run on the same inputs as eager, each held to
+the tolerance for what it computes in, the first one outside it named.
+
+Stages never change their input (the `stage_input_kept` invariant), so each kept artifact still
+computes what its stage made. A stage that handed on the program before it (fold with nothing
+to fold, the dry run) is not run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+import attrs
+import torch
+from torch.export import ExportedProgram
+
+from compiler.ir.artifacts import EagerModel, ExecutorchProgram
+from compiler.stages import STAGE_NAMES
+from compiler.tools.locate import compare
+from compiler.tools.locate.programs import ProgramRun, run_exported, run_pte
+from compiler.tools.locate.report import StageError
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class StageBisection:
+    rows: tuple[StageError, ...]
+    first_bad: str | None
+    last_good: str | None  # the last stage before `first_bad` whose program agreed and ran node by node
+    runs: Mapping[str, ProgramRun] = attrs.field(factory=dict, repr=False)
+
+
+def _how(artifact: Any, run: ProgramRun) -> str:
+    if isinstance(artifact, ExecutorchProgram):
+        return "the .pte (LoadedProgram)"
+    program = artifact.program
+    calls = [n for n in program.graph.nodes if getattr(n.target, "__name__", None) == "executorch_call_delegate"]
+    if calls:
+        return f"fx interpreter, {len(calls)} delegate call(s) each on its own program"
+    return "fx interpreter"
+
+
+def by_stage(
+    stages: Mapping[str, Any], expected: Sequence[Any], inputs: Sequence[Any], dtype: torch.dtype
+) -> StageBisection:
+    """Each kept stage's outputs against `expected` (eager's) on `inputs`."""
+    rows: list[StageError] = []
+    runs: dict[str, ProgramRun] = {}
+    first_bad = last_good = None
+    previous_program, previous_name = None, None
+    for name in STAGE_NAMES:
+        artifact = stages.get(name)
+        if artifact is None or isinstance(artifact, EagerModel):
+            continue
+        program = getattr(artifact, "program", None)
+        if isinstance(program, ExportedProgram) and program is previous_program:
+            rows.append(StageError(name, f"same program as {previous_name}"))
+            continue
+        if isinstance(artifact, ExecutorchProgram):
+            run = run_pte(artifact, inputs)
+        elif isinstance(program, ExportedProgram):
+            run = run_exported(program, inputs)
+            previous_program, previous_name = program, name
+        else:
+            logger.debug("stage %s: a %s is not run", name, type(artifact).__name__)
+            continue
+        runs[name] = run
+        compared = compare.outputs(run, expected, dtype)
+        worst = None if any(e is None for e in compared.errors) else compared.max_error
+        rows.append(StageError(name, _how(artifact, run), worst, compared.tolerance.absolute, compared.tolerance.rule,
+                               compared.passed))
+        logger.info("locate: stage %s error %s tolerance %.3g", name, worst, compared.tolerance.absolute)
+        if compared.passed and first_bad is None and isinstance(program, ExportedProgram):
+            last_good = name
+        if not compared.passed and first_bad is None:
+            first_bad = name
+    return StageBisection(tuple(rows), first_bad, last_good if first_bad else None, runs)
