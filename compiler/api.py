@@ -110,16 +110,19 @@ def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any, calibrati
     return EagerModel(model, tuple(example_inputs), dynamic_shapes, _calibration(calibration))
 
 
-def dynamic_dims(
-    model: torch.nn.Module, example_inputs: Any, dims: Sequence[tuple[str, int, int | None, int]]
-) -> tuple:
-    """`dynamic_shapes` for torch.export from (input, dimension, minimum, maximum) per dynamic size
-    (the CLI's `--dynamic-dim`): the input by forward's parameter name or position, the minimum
-    1 when None; each size its own `torch.export.Dim`, named after the input and dimension."""
+def dynamic_dims(model: torch.nn.Module, example_inputs: Any, dims: Sequence[Any]) -> tuple:
+    """`dynamic_shapes` for torch.export from the dynamic sizes as the CLI's `--dynamic-dim` gives them
+    (`compiler.driver.dynamic_dims.DynamicDim`s, or (input, dimension, minimum, maximum) tuples): the
+    input by forward's parameter name or position, the minimum 1 when None; each size its own
+    `torch.export.Dim`, named after the input and dimension, but a size given `same_as` another
+    (`mask:1=ids:1`) is that one's Dim, so both inputs take one size."""
+    from compiler.driver.dynamic_dims import DynamicDim
+
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
-    shapes: list[dict | None] = [None] * len(inputs)
-    for given, dim, low, high in dims:
+
+    def located(given: str, dim: int) -> tuple[int, str]:
+        """The input's position and name, refused unless it is a tensor with that dimension."""
         position = int(given) if given.isdigit() else names.index(given) if given in names else None
         if position is None or position >= len(inputs):
             raise UserInputError(
@@ -130,13 +133,39 @@ def dynamic_dims(
         if not isinstance(example, torch.Tensor) or not 0 <= dim < example.dim():
             rank = f"has {example.dim()} dimensions" if isinstance(example, torch.Tensor) else "is not a tensor"
             raise UserInputError(f"the dynamic dimension {dim} of {name}: {name} {rank}", stage="capture")
-        low = 1 if low is None else low
-        if not low <= example.shape[dim] <= high:
-            raise UserInputError(
-                f"the dynamic dimension {dim} of {name}: the example's size {example.shape[dim]} is outside {low}..{high}",
-                stage="capture", hint="give a range that holds the example input's size",
-            )
-        shapes[position] = {**(shapes[position] or {}), dim: torch.export.Dim(f"{name}_{dim}", min=low, max=high)}
+        return position, name
+
+    shapes: list[dict | None] = [None] * len(inputs)
+    made: dict[tuple[int, int], Any] = {}  # (position, dimension) -> its Dim
+    given = [DynamicDim(*one) for one in dims]
+    for one in sorted(given, key=lambda d: d.same_as is not None):  # each tie after the sizes it names
+        position, name = located(one.input, one.dim)
+        size = inputs[position].shape[one.dim]
+        if one.same_as is None:
+            low = 1 if one.min is None else one.min
+            if not low <= size <= one.max:
+                raise UserInputError(
+                    f"the dynamic dimension {one.dim} of {name}: the example's size {size} is outside {low}..{one.max}",
+                    stage="capture", hint="give a range that holds the example input's size",
+                )
+            dim = torch.export.Dim(f"{name}_{one.dim}", min=low, max=one.max)
+        else:
+            other, other_name = located(*one.same_as)
+            dim = made.get((other, one.same_as[1]))
+            if dim is None:
+                raise UserInputError(
+                    f"the dynamic dimension {one} ties {name}'s dim {one.dim} to {other_name}'s dim {one.same_as[1]}, "
+                    "which is given no range",
+                    stage="capture", hint=f"give that one its range too, e.g. {other_name}:{one.same_as[1]}:1:64",
+                )
+            if inputs[other].shape[one.same_as[1]] != size:
+                raise UserInputError(
+                    f"the dynamic dimension {one}: the example's {name} has size {size} there, its {other_name} "
+                    f"{inputs[other].shape[one.same_as[1]]}",
+                    stage="capture", hint="sizes tied to one are equal: give example inputs of one length",
+                )
+        made[(position, one.dim)] = dim
+        shapes[position] = {**(shapes[position] or {}), one.dim: dim}
     return tuple(shapes)
 
 

@@ -92,6 +92,9 @@ def test_json_toml_and_yaml_files_read_as_the_same_jobs(tmp_path):
         ([{"model": ["mlp", "convnet"], "output": "same.pte"}], "write the same output 'same.pte'"),
         ([{"model": "mlp", "output": "x/{modle}.pte"}], "job 1: key 'output' 'x/{modle}.pte' has a placeholder"),
         ([{"model": "mlp", "check": "yes"}], "job 1: key 'check' must be true or false"),
+        ([{"model": "mlp", "dynamic_dim": ["x:0:8", "x:1"]}],
+         "job 1: key 'dynamic_dim': 'x:1' is neither INPUT:DIM:[MIN:]MAX nor INPUT:DIM=OTHER:DIM"),
+        ([{"model": "mlp", "dynamic_dim": 8}], "job 1: key 'dynamic_dim' takes a list of INPUT:DIM:[MIN:]MAX"),
         ([], "there are no jobs"),
     ],
 )
@@ -184,6 +187,17 @@ def test_a_job_row_holds_the_artifact_data_and_a_warm_cache_shows(tmp_path):
     assert "has no option 'nope'" in failed.row.error and failed.row.output is None
     with pytest.raises(AttributeError):
         failed.row.status = "ok"  # rows are frozen values
+
+
+def test_a_job_with_dynamic_dims_is_checked_at_the_ends_of_their_ranges(tmp_path):
+    """`dynamic_dim` takes --dynamic-dim's form; a list of lists expands, as an option of several values does."""
+    job, other = sweeps.expand_jobs([
+        {"model": "transformer:depth=1,dim=32,seq=8", "dynamic_dim": [["x:1:2:32"], ["x:1:4:16"]], "check": True},
+    ])
+    assert job.label == "1 transformer:depth=1,dim=32,seq=8 (dynamic_dim=x:1:2:32)"
+    assert str(other.dynamic_dim[0]) == "x:1:4:16"
+    row = sweeps.run_job(job, cache_dir=str(tmp_path)).row
+    assert row.passed and row.check["sizes"] == ["x's dim 1 = 2", "x's dim 1 = 32"]
 
 
 @pytest.mark.slow

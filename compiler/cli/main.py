@@ -28,7 +28,7 @@ from rich.table import Table
 from compiler import backends
 from compiler.cli import describe_image, generate, transcribe
 from compiler.models import catalog
-from compiler.driver import config
+from compiler.driver import config, dynamic_dims
 from compiler.stages import STAGE_NAMES
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.running.tolerance import FLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE
@@ -85,11 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         help="calibrate on N draws of inputs from the model factory (one that takes a seed keyword, as the "
         "built-in models do)",
     )
-    compile_cmd.add_argument(
-        "--dynamic-dim", action="append", default=[], type=_dynamic_dim, metavar="INPUT:DIM:[MIN:]MAX",
-        help="make dimension DIM of MODEL's input INPUT (forward's parameter name or position) dynamic, from MIN "
-        "(default 1) to MAX, which ExecuTorch plans memory for; repeat for more (--check also runs at MIN and MAX)",
-    )
+    _add_dynamic_dim_flag(compile_cmd, "--check")
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     _add_tolerance_flag(compile_cmd, "--check")
     compile_cmd.add_argument(
@@ -108,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_argument("program", metavar="PROGRAM.pte")
     run_cmd.add_argument("model", help="the model the program was built from, as compile's MODEL")
+    _add_dynamic_dim_flag(run_cmd, "the comparison")
     _add_tolerance_flag(run_cmd, "the comparison")
 
     commands.add_parser("examples", help="list the built-in example models")
@@ -129,9 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep_cmd.add_argument(
         "jobs", metavar="JOBS",
         help="a .json, .toml or .yaml file: a list of jobs (or {\"jobs\": [...]}; TOML: [[jobs]]), each with "
-        "model, backend, backend_options, any option of compile by its name (fold_skip_ops, ...), check, "
-        "tolerance, output (a .pte path; {model}, {backend}, {job} are filled in); a list expands to the "
-        "cross product",
+        "model, backend, backend_options, any option of compile by its name (fold_skip_ops, ...), dynamic_dim "
+        f"(a list of {dynamic_dims.FORM} or {dynamic_dims.TIED_FORM}, as --dynamic-dim), check, tolerance, "
+        "output (a .pte path; {model}, {backend}, {job} are filled in); a list expands to the cross product",
     )
     sweep_cmd.add_argument(
         "--workers", type=int, metavar="N", help="worker processes (default: the CPU count, at most one per job)"
@@ -173,6 +170,13 @@ def _add_tolerance_flag(parser: argparse.ArgumentParser, what: str) -> None:
         help=f"max abs error {what} accepts (default: {FLOAT32_ABSOLUTE:g} for a program computing "
         f"in float32; {FLOAT16_OF_LARGEST:g} x the largest eager output when a delegate computes "
         "in float16)",
+    )
+
+
+def _add_dynamic_dim_flag(parser: argparse.ArgumentParser, check: str) -> None:
+    parser.add_argument(
+        "--dynamic-dim", action="append", default=[], type=_dynamic_dim, metavar=dynamic_dims.FORM,
+        help=f"{dynamic_dims.HELP} ({check} also runs with every dynamic size at its MIN, then at its MAX)",
     )
 
 
@@ -219,19 +223,11 @@ def render_error(error: CompileError) -> str:
     return text
 
 
-def _dynamic_dim(text: str) -> tuple[str, int, int | None, int]:
-    """`x:1:2:512` -> ("x", 1, 2, 512); `x:1:512` -> ("x", 1, None, 512)."""
-    parts = text.split(":")
+def _dynamic_dim(text: str) -> dynamic_dims.DynamicDim:
     try:
-        if len(parts) in (3, 4) and parts[0]:
-            numbers = [int(p) for p in parts[1:]]
-            return (parts[0], numbers[0], numbers[1] if len(numbers) == 3 else None, numbers[-1])
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not INPUT:DIM:[MIN:]MAX, e.g. x:1:2:512 (a dynamic size needs its maximum: ExecuTorch "
-        "plans memory for it)"
-    )
+        return dynamic_dims.parse(text)
+    except UserInputError as error:  # argparse names the flag
+        raise argparse.ArgumentTypeError(f"{error.reason}; {error.hint}") from None
 
 
 def _backend_options(items: Sequence[str]) -> dict[str, Any]:
@@ -446,13 +442,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     module, inputs, dynamic_shapes = (
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
-    if args.dynamic_dim:
-        if dynamic_shapes is not None:
-            raise UserInputError(
-                f"{args.model} gives its own dynamic_shapes, which --dynamic-dim would replace",
-                hint="drop --dynamic-dim, or have the factory return (module, example_inputs) only",
-            )
-        dynamic_shapes = api.dynamic_dims(module, inputs, args.dynamic_dim)
+    dynamic_shapes = dynamic_dims.model_dynamic_shapes(args.model, module, inputs, dynamic_shapes, args.dynamic_dim)
     use_model = not resume_from
     calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if args.model else None
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
@@ -588,9 +578,14 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
     from compiler.running import runtime
     from compiler.models.examples import resolve_model
 
-    module, inputs, _ = terminal.quietly("building the model", resolve_model, args.model)
+    module, inputs, own = terminal.quietly("building the model", resolve_model, args.model)
+    # A .pte does not say which sizes are dynamic: the flags say so (the factory's own only with them, to
+    # refuse both), and the check runs at their ends too.
+    shapes = None
+    if args.dynamic_dim:
+        shapes = dynamic_dims.model_dynamic_shapes(args.model, module, inputs, own, args.dynamic_dim)
     check = terminal.quietly("running the program and eager", runtime.compare_with_eager, args.program, module,
-                             inputs, tolerance=args.tolerance)
+                             inputs, tolerance=args.tolerance, dynamic_shapes=shapes)
     terminal.check(check)
     if terminal.verbosity >= 1:
         _print_messages(terminal, [])

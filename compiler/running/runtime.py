@@ -354,16 +354,28 @@ def _drawn_like(example: torch.Tensor, shape: tuple[int, ...], generator: torch.
     return drawn.to(example.dtype)
 
 
-def _inputs_at_range_ends(program: Any, inputs: Sequence[Any]) -> list[tuple[str, tuple]]:
+def _inputs_at_range_ends(
+    program: Any, inputs: Sequence[Any], module: torch.nn.Module, dynamic_shapes: Any
+) -> list[tuple[str, tuple]]:
     """(what sizes, inputs) with every dynamic input size at the bottom of its declared range,
-    then at the top, for a CompileResult whose program has them; [] otherwise (a `.pte` alone
-    does not say which sizes are dynamic). New values are drawn in the example's range."""
+    then at the top, for a CompileResult whose program has them, or for another program (a `.pte`
+    alone does not say which sizes are dynamic) with the `dynamic_shapes` given, the model exported
+    with them; [] otherwise. New values are drawn in the example's range."""
     from torch.export import ExportedProgram
 
     from compiler.ir import dynamic
 
     stages = (getattr(program, "stages", None) or {}).values()
     exported = next((a.program for a in stages if isinstance(getattr(a, "program", None), ExportedProgram)), None)
+    if exported is None and dynamic_shapes is not None:
+        try:
+            exported = torch.export.export(module, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception as exc:  # torch.export's many errors: the sizes do not fit the model
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise UserInputError(
+                f"the model does not export with the dynamic sizes given: {type(exc).__name__}: {first}",
+                stage="capture", hint="give the dynamic sizes the program was compiled with",
+            ) from exc
     ranges = dynamic.input_ranges(exported) if exported is not None else {}
     leaves, spec = pytree.tree_flatten(tuple(inputs))
     generator = torch.Generator().manual_seed(0)
@@ -392,14 +404,17 @@ def _worse(one: CheckResult, other: CheckResult) -> bool:
 
 
 def compare_with_eager(
-    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None,
+    dynamic_shapes: Any = None,
 ) -> CheckResult:
     """`compare_at` on the example inputs; a CompileResult whose program has dynamic input sizes
     also runs with them all at the bottom of their declared ranges, then at the top (where a
     size a dependency fixed, or memory planned too small, shows), and the worst run is the
-    result. The model's state is left as after the example's run."""
+    result. The model's state is left as after the example's run. A `.pte` does not say which of
+    its sizes are dynamic: `dynamic_shapes` (as torch.export takes them, those it was compiled with)
+    give the ranges whose ends it runs at."""
     checked = compare_at(program, module, inputs, tolerance)
-    ends = _inputs_at_range_ends(program, inputs)
+    ends = _inputs_at_range_ends(program, inputs, module, dynamic_shapes)
     if not ends:
         return checked
     sizes = tuple(label for label, _ in ends)

@@ -5,11 +5,12 @@
 
 A job is a mapping: `model` (a MODEL spec, as the CLI's: `transformer:depth=2` or
 `path/to/file.py:factory`), `backend`, `backend_options`, any compile option by its
-configuration name (`compiler.driver.config.options()`), `check` (run the `.pte` and compare with
-eager, as `compile --check`) with `tolerance`, and `output` (a `.pte` path; `{model}`,
-`{backend}` and `{job}` are replaced). A list given for `model`, `backend`,
-`backend_options`, `check`, `tolerance` or an option expands to the cross product; for an
-option that takes several values (`fold_skip_ops`) a list of lists expands. Every job is
+configuration name (`compiler.driver.config.options()`), `dynamic_dim` (dynamic input sizes in
+`--dynamic-dim`'s form, `compiler.driver.dynamic_dims`), `check` (run the `.pte` and compare with
+eager, as `compile --check`, at the ends of the dynamic sizes' ranges too) with `tolerance`, and
+`output` (a `.pte` path; `{model}`, `{backend}` and `{job}` are replaced). A list given for `model`,
+`backend`, `backend_options`, `check`, `tolerance` or an option expands to the cross product; for
+`dynamic_dim` and an option that takes several values (`fold_skip_ops`) a list of lists expands. Every job is
 checked before any work starts (names, kinds and choices, model specs, backends, output
 paths): a mistake is a `UserInputError` naming the job and the key.
 
@@ -35,12 +36,12 @@ import attrs
 
 from compiler import backends
 from compiler.models import catalog
-from compiler.driver import config
+from compiler.driver import config, dynamic_dims
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.process.writable import prove_file_writable
 
 # Keys of a job besides the compile options (`compiler.driver.config.options()`).
-JOB_KEYS = ("model", "backend", "backend_options", "check", "tolerance", "output")
+JOB_KEYS = ("model", "backend", "backend_options", "dynamic_dim", "check", "tolerance", "output")
 # Compile options a sweep job cannot take: each job makes a .pte and prints nothing.
 _NOT_IN_A_JOB = {
     "stop_after": "a sweep job compiles to the end (compile with stop_after on its own)",
@@ -66,11 +67,13 @@ class Job:
     check: bool = False
     tolerance: float | None = None
     output: str | None = None
+    dynamic_dim: tuple[dynamic_dims.DynamicDim, ...] = ()  # dynamic input sizes
 
     @property
     def label(self) -> str:
         """What the table calls it: the number, the model, and the options it sets."""
-        extra = [f"{k}={json.dumps(v)}" for k, v in self.backend_options.items()]
+        extra = [f"dynamic_dim={','.join(map(str, self.dynamic_dim))}"] if self.dynamic_dim else []
+        extra += [f"{k}={json.dumps(v)}" for k, v in self.backend_options.items()]
         extra += [f"{k}={json.dumps(v)}" for k, v in self.options.items() if k not in ("cache", "cache_dir")]
         return f"{self.number} {self.model}" + (f" ({', '.join(extra)})" if extra else "")
 
@@ -225,7 +228,7 @@ def _choices(name: str, key: str, value: Any, spec: config.OptionSpec | None) ->
     """The values a key takes across the cross product."""
     if key == "model" and isinstance(value, list) and not value:
         raise UserInputError(f"{name}: key 'model' is an empty list", hint="give at least one MODEL")
-    if spec is not None and spec.repeated:
+    if key == "dynamic_dim" or (spec is not None and spec.repeated):
         # A list of values is one value of the option; a list of lists expands.
         if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
             return value
@@ -261,6 +264,7 @@ def _job(name: str, entry: int, number: int, fields: dict[str, Any], output: str
     tolerance = fields.pop("tolerance", None)
     if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))):
         raise UserInputError(f"{name}: key 'tolerance' must be a number, got {tolerance!r}", hint="e.g. 1e-4")
+    dims = _dynamic_dims(name, fields.pop("dynamic_dim", []))
     for key, value in fields.items():
         fields[key] = _option_value(name, specs[key], value)
     given, run = config.split_options(fields)  # names were checked: this checks the run options' values
@@ -269,7 +273,7 @@ def _job(name: str, entry: int, number: int, fields: dict[str, Any], output: str
     except UserInputError as error:
         raise UserInputError(f"{name}: {error.reason}", hint=error.hint) from None
     job = Job(number, entry, model, backend, dict(backend_options), fields, check,
-              None if tolerance is None else float(tolerance), None)
+              None if tolerance is None else float(tolerance), None, dims)
     if output is not None:
         try:
             path = output.format(model=safe_name(model), backend=backend, job=number)
@@ -280,6 +284,19 @@ def _job(name: str, entry: int, number: int, fields: dict[str, Any], output: str
             raise UserInputError(f"{name}: key 'output' {path!r} is not a .pte path", hint="end it with .pte")
         job = attrs.evolve(job, output=path)
     return job
+
+
+def _dynamic_dims(name: str, value: Any) -> tuple[dynamic_dims.DynamicDim, ...]:
+    """A job's `dynamic_dim`: one text or a list of them, each in `--dynamic-dim`'s form."""
+    texts = [value] if isinstance(value, str) else value
+    key = f"{name}: key 'dynamic_dim'"
+    if not isinstance(texts, list) or not all(isinstance(text, str) for text in texts):
+        raise UserInputError(f"{key} takes a list of {dynamic_dims.FORM} or {dynamic_dims.TIED_FORM}, got {value!r}",
+                             hint="e.g. dynamic_dim: [\"x:1:2:32\"]")
+    try:
+        return tuple(dynamic_dims.parse(text) for text in texts)
+    except UserInputError as error:
+        raise UserInputError(f"{key}: {error.reason}", hint=error.hint) from None
 
 
 def _option_value(name: str, spec: config.OptionSpec, value: Any) -> Any:
@@ -378,7 +395,8 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
     from compiler import api
     from compiler.models.examples import resolve_model
 
-    module, inputs, dynamic_shapes = resolve_model(job.model)
+    module, inputs, own = resolve_model(job.model)
+    dynamic_shapes = dynamic_dims.model_dynamic_shapes(job.model, module, inputs, own, job.dynamic_dim)
     options = dict(job.options)
     if cache_dir is not None and "cache_dir" not in options and _has_run_option("cache_dir"):
         options["cache_dir"] = cache_dir
