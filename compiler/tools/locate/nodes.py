@@ -124,7 +124,73 @@ def module_path(stack: Mapping[str, Any] | None) -> str | None:
 
 def origin(node: torch.fx.Node, programs: Sequence[ExportedProgram]) -> tuple[str | None, str | None]:
     """The node's source line and module, from its own meta or the earliest kept program's node
-    its provenance names."""
+    its provenance names; a node a pass made without either (a rewrite's op) takes those of the
+    first node downstream that has them (the value the rewrite replaced), said so."""
+    found = _own_origin(node, programs)
+    if found != (None, None):
+        return found
+    found = _replaced_origin(node, programs)
+    if found != (None, None):
+        return found
+    seen, frontier = {node.name}, list(node.users)
+    while frontier:
+        user = frontier.pop(0)
+        if user.name in seen or user.op == "output":
+            continue
+        seen.add(user.name)
+        source, module = _own_origin(user, programs)
+        if source or module:
+            return (f"{source} (via {user.name}, which it feeds)" if source else None), module
+        frontier += list(user.users)
+    return None, None
+
+
+def _nearest(node: torch.fx.Node, step: Callable[[torch.fx.Node], Iterable[torch.fx.Node]], known: set[str]) -> set[str]:
+    """The first nodes named in `known` going from `node` by `step` (inputs or users)."""
+    found, seen, frontier = set(), {node.name}, list(step(node))
+    while frontier:
+        other = frontier.pop(0)
+        if other.name in seen:
+            continue
+        seen.add(other.name)
+        if other.name in known:
+            found.add(other.name)
+        else:
+            frontier += list(step(other))
+    return found
+
+
+def _replaced_origin(node: torch.fx.Node, programs: Sequence[ExportedProgram]) -> tuple[str | None, str | None]:
+    """For a node a rewrite made: the origin of the node of an earlier program it replaced, one
+    between the same surviving neighbours there that this program no longer has."""
+    here = {n.name for n in node.graph.nodes if n.op == "call_function"}
+    for program in reversed(programs):  # the latest shares the most names
+        by_name = {n.name: n for n in program.graph.nodes if n.op == "call_function"}
+        known = here & set(by_name)
+        before = _nearest(node, lambda n: n.all_input_nodes, known)
+        after = _nearest(node, lambda n: n.users, known)
+        if not before or not after:
+            continue
+        below = set().union(*(_descendants(by_name[n]) for n in before))
+        for other in program.graph.nodes:
+            if other.name in below and other.name not in here and _descendants(other) & after:
+                found = _own_origin(other, programs)
+                if found != (None, None):
+                    return found
+    return None, None
+
+
+def _descendants(node: torch.fx.Node) -> set[str]:
+    seen, frontier = set(), list(node.users)
+    while frontier:
+        other = frontier.pop()
+        if other.name not in seen:
+            seen.add(other.name)
+            frontier += list(other.users)
+    return seen
+
+
+def _own_origin(node: torch.fx.Node, programs: Sequence[ExportedProgram]) -> tuple[str | None, str | None]:
     trace, stack = node.meta.get("stack_trace"), node.meta.get("nn_module_stack")
     if trace and stack:
         return source_line(trace), module_path(stack)
