@@ -67,6 +67,19 @@ class CoreMLStateSplit(CompileError):
     """A mutable buffer Core ML would take over is also used on the CPU."""
 
 
+def _integer_buffers(program: ExportedProgram) -> set[str]:
+    """The non-float mutable buffers: Core ML state is float16 only (coremltools casts a buffer
+    to it), which holds integers exactly up to 2048 only: transformers' StaticCache counts the
+    tokens written in an int64 buffer (and as state, coremltools' canonicalize_inplace_pattern
+    pass failed on it: KeyError on a coreml_update_state it had removed)."""
+    values = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    return {
+        spec.target for spec in program.graph_signature.input_specs
+        if spec.target in program.graph_signature.buffers_to_mutate.values()
+        and isinstance(values.get(spec.arg.name), torch.Tensor) and not values[spec.arg.name].dtype.is_floating_point
+    }
+
+
 def _deployment_target(value: Any) -> Optional[ct.target]:
     if value is None or isinstance(value, ct.target):
         return value
@@ -255,6 +268,9 @@ class CoreMLBackend(Backend):
         if self.lower_full_graph:
             self._refuse_any_cpu_op(program, result)
         tags = search.tag(result)
+        copied = search.copy_size_reads(program)
+        if copied:
+            logger.info("coreml: %d dynamic size read(s) copied into the partitions that use them", copied)
         if self.take_over_constant_data:
             search.tag_constants(program)
         if self.take_over_mutable_buffer:
@@ -284,11 +300,12 @@ class CoreMLBackend(Backend):
 
     def _tag_state(self, program: ExportedProgram, context: rules.RuleContext) -> None:
         """Core ML takes a mutable buffer over as state only if every op using it is in one
-        partition, and only if it starts at zero: the payload carries no initial value for
-        state (like MLX's), while a CPU-owned buffer is emitted with it."""
+        partition, only if it starts at zero (the payload carries no initial value for state,
+        like MLX's, while a CPU-owned buffer is emitted with it) and only if it is a float
+        buffer (`_integer_buffers`); other buffers the delegate reads and returns."""
         signature = program.graph_signature
         starts_elsewhere = {target for _, target in state_not_starting_at_zero(program)}
-        mutated = set(signature.buffers_to_mutate.values()) - starts_elsewhere
+        mutated = set(signature.buffers_to_mutate.values()) - starts_elsewhere - _integer_buffers(program)
         writers = {target: name for name, target in signature.buffers_to_mutate.items()}
         nodes = {n.name: n for n in program.graph.nodes}
         for spec in signature.input_specs:

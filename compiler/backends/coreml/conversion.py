@@ -30,6 +30,11 @@ replaces the whole registry at once, so no thread sees it half patched.
   softplus(2.6, beta=2, threshold=5) is 2.6028, not 2.6);
 - `log_softmax` converts as torch computes it, x - max - log(sum(exp(x - max))) (stock:
   log(softmax(x)), -inf in float16 and -103.3 in float32 where softmax underflows);
+- `x[:, :, index] = values` (index_put with one 1-D index beside whole slices) converts for
+  any number of positions: a slice_update from the first when the MIL program shows them
+  consecutive (a KV cache written at `arange(new tokens) + length`; iOS 18), else a scatter
+  along that axis (stock: one position only, "Input squeeze_0 has rank 1 != other inputs
+  rank 0");
 - an op that coremltools converts to its own input (clone, alias, a same-dtype
   copy...) gets a real identity, so an output never repeats an input or another
   output in the payload (stock returns the input tensor itself as an output).
@@ -49,8 +54,16 @@ import numpy as np
 import torch
 
 from coremltools.converters.mil import Builder as mb
+from coremltools.converters.mil._deployment_compatibility import AvailableTarget
+from coremltools.converters.mil.frontend._utils import (
+    maybe_replace_symbols_with_source_tensor_shape_variables,
+    pymil_broadcast_to,
+    pymil_value_at,
+)
 from coremltools.converters.mil.frontend.torch.ops import promote_input_dtypes
 from coremltools.converters.mil.mil import types
+from coremltools.converters.mil.mil.block import is_current_opset_version_compatible_with
+from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
 from compiler.backends.coreml import fixes
 from compiler.ir.private_api import coreml_converters, swap_coreml_converters
@@ -357,6 +370,88 @@ def _stable_log_softmax(original: Converter) -> Converter:
     return convert
 
 
+# --- index_put at one axis ----------------------------------------------------------
+
+
+def _one_element(var) -> bool:
+    return var.shape in ((), (1,))
+
+
+def _consecutive(var) -> bool:
+    """Whether the MIL program shows a 1-D integer index to hold consecutive positions k, k+1,
+    ...: a constant run, one element, `range_1d` with step 1, or such an index plus (or minus)
+    one number (transformers' StaticCache writes at `arange(new tokens) + cumulative_length`)."""
+    if var.val is not None:
+        values = np.asarray(var.val).reshape(-1)
+        return bool(np.all(np.diff(values) == 1))
+    if var.shape == (1,):
+        return True
+    op = var.op
+    if op is None:
+        return False  # a model input: any positions
+    if op.op_type == "range_1d":
+        return op.step.val is not None and int(op.step.val) == 1
+    if op.op_type == "cast":
+        return types.is_int(op.x.dtype) and _consecutive(op.x)
+    if op.op_type == "add":
+        return (_consecutive(op.x) and _one_element(op.y)) or (_consecutive(op.y) and _one_element(op.x))
+    if op.op_type == "sub":
+        return _consecutive(op.x) and _one_element(op.y)
+    return False
+
+
+def _index_put_at_one_axis(original: Converter) -> Converter:
+    """`x[:, :, index] = values` (index_put with one 1-D integer index beside whole slices) is
+    converted as one slice_update from the index's first position when the MIL program shows its
+    positions consecutive (`_consecutive`) and the target has slice_update (iOS 18), else as a
+    scatter along that axis, right for any positions (negative ones counted from the end, as
+    torch does). Stock handles one position only (a KV cache written a token at a time) and
+    fails on more ("Input squeeze_0 has rank 1 != other inputs rank 0"): the cache update of
+    a prompt of any length. slice_update is what Core ML updates state with in place. Like
+    torch's, the positions must lie in the axis (torch fails past its end; a run from -1 to 0,
+    which torch wraps to both ends, would not be one slice: a cache has no negative position)."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        accumulate = node.inputs[3] if len(node.inputs) > 3 else (node.kwinputs or {}).get("accumulate", [False])[0]
+        indices = list(node.inputs[1])
+        given = [(axis, name) for axis, name in enumerate(indices) if name is not None]
+        if _literal(context, accumulate) or len(given) != 1 or len(given) == len(indices):
+            return original(context, node)
+        axis, name = given[0]
+        x, positions, values = context[node.inputs[0]], context[name], context[node.inputs[2]]
+        if positions.rank != 1 or not types.is_int(positions.dtype):
+            return original(context, node)
+        dtype = x.dtype
+        if types.is_bool(dtype):  # neither slice_update nor scatter takes bool data
+            x = mb.cast(x=x, dtype="int32")
+        values = mb.cast(x=values, dtype=types.builtin_to_string(x.dtype)) if values.dtype != x.dtype else values
+        shape = list(x.shape[:axis]) + list(positions.shape) + list(x.shape[axis + 1 :])
+        if tuple(values.shape) != tuple(shape):
+            sizes = maybe_replace_symbols_with_source_tensor_shape_variables(shape, [positions, x])
+            values = pymil_broadcast_to(values, sizes, f"{node.name}_values")
+        size = pymil_value_at(mb.shape(x=x), axis) if is_symbolic(x.shape[axis]) else np.int32(x.shape[axis])
+        index = mb.select(cond=mb.less(x=positions, y=np.int32(0)), a=mb.add(x=positions, y=size), b=positions)
+        name = f"{node.name}_as_int32" if types.is_bool(dtype) else node.name
+        if is_current_opset_version_compatible_with(AvailableTarget.iOS18) and _consecutive(positions):
+            zeros = [np.zeros(1, np.int32)] * x.rank
+            first = mb.slice_by_index(x=index, begin=[0], end=[1])
+            begin = mb.concat(values=zeros[:axis] + [first] + zeros[axis + 1 :], axis=0)
+            length = mb.concat(values=zeros[:axis] + [mb.shape(x=index)] + zeros[axis + 1 :], axis=0)
+            masks = [i != axis for i in range(x.rank)]
+            result = mb.slice_update(
+                x=x, update=values, begin=begin, end=mb.add(x=begin, y=length),
+                begin_mask=masks, end_mask=masks, name=name,
+            )
+        else:
+            result = mb.scatter(data=x, indices=index, updates=values, axis=axis, mode="update", name=name)
+        if types.is_bool(dtype):
+            result = mb.cast(x=result, dtype="bool", name=node.name)
+        context.add(result, torch_name=node.name)
+
+    return convert
+
+
 # --- outputs that alias inputs ------------------------------------------------------
 
 
@@ -393,6 +488,7 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
             fixes[name] = _stable_log_softmax
     for name in ("reciprocal", "rsqrt", "log", "log2", "log10"):
         fixes[name] = _without_default_epsilon
+    fixes["index_put"] = _index_put_at_one_axis
     return fixes
 
 

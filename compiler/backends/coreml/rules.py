@@ -23,7 +23,7 @@ import attrs
 import coremltools as ct
 import torch
 from coremltools.converters.mil.frontend.torch.utils import TORCH_DTYPE_TO_NUM
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from compiler.backends.coreml import fixes
 from compiler.ir import dynamic
@@ -385,8 +385,13 @@ def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[tuple[
         return None
     if len({tuple(map(str, m.shape)) for m in metas}) > 1:  # str: a dynamic size is an unhashable SymInt
         return "index tensors that broadcast against each other", _STOCK_BROADCAST
-    if has_slice and any(m.numel() > 1 for m in metas):
-        return "an index of more than one entry next to a slice", _STOCK_SEVERAL_ENTRIES
+    # One 1-D index of several entries beside slices converts (`conversion._index_put_at_one_axis`).
+    if has_slice and not all(statically_known_true(m.numel() <= 1) for m in metas):
+        if len(given) > 1:
+            return "several indices of more than one entry next to a slice", _STOCK_SEVERAL_ENTRIES
+        if metas[0].dim() > 1:
+            rank = metas[0].dim()
+            return f"an index of rank {rank} next to a slice", f"Input squeeze_0 has rank {rank} != other inputs rank 0"
     zero_d = any(m.dim() == 0 for m in metas)
     if zero_d and not has_slice:
         # coremltools asks the first index for its element type, which a 0-d index has not.

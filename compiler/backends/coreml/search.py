@@ -6,7 +6,8 @@ leaving Core ML, a partition with no inputs below iOS 18) may refuse more nodes,
 and the search runs again until no partition breaks one. Refusing a node that
 reads a uint8 tensor also refuses, in the same round, the ops that read its
 uint8 result: a camera frame's chain up to the conversion to float leaves Core
-ML in one round, not one round per op.
+ML in one round, not one round per op. Once tagged, a partition that reads a dynamic
+size computed elsewhere gets its own copy of it (`copy_size_reads`).
 """
 
 from __future__ import annotations
@@ -171,3 +172,41 @@ def tag_constants(program: ExportedProgram) -> None:
         user_tags = {user.meta.get(DELEGATION_TAG) for user in node.users}
         if len(user_tags) == 1 and None not in user_tags:
             node.meta[DELEGATION_TAG] = user_tags.pop()
+
+
+def _size_node(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt)
+
+
+def _size_in(node: torch.fx.Node, tag: str, copies: dict[tuple[torch.fx.Node, str], torch.fx.Node]) -> torch.fx.Node:
+    """`node`, a size computed from tensors (`sym_size`, arithmetic on sizes), as computed inside
+    partition `tag`: itself if it is there, else a copy reading the same tensors."""
+    if node.meta.get(DELEGATION_TAG) == tag or not _size_node(node):
+        return node
+    if (node, tag) not in copies:
+        inputs = {a: _size_in(a, tag, copies) for a in node.all_input_nodes}
+        with node.graph.inserting_after(node):
+            copy = node.graph.node_copy(node, lambda a: inputs[a])
+        copy.meta[DELEGATION_TAG] = tag
+        copies[node, tag] = copy
+    return copies[node, tag]
+
+
+def copy_size_reads(program: ExportedProgram) -> int:
+    """Give each partition its own copy of the sizes it reads from outside (a dynamic size read
+    in another partition or on the CPU): a delegate takes tensors only, and coremltools failed
+    at lower ("Placeholder val must be a tensor or fake tensor, but got SymInt"). The copy reads
+    the size off the tensor it came from, which the partition takes as an input. Returns how
+    many copies were made; a size no partition reads from elsewhere any more is removed."""
+    copies: dict[tuple[torch.fx.Node, str], torch.fx.Node] = {}
+    for node in list(program.graph.nodes):
+        if not _size_node(node):
+            continue
+        for user in list(node.users):
+            tag = user.meta.get(DELEGATION_TAG)
+            if tag is not None and tag != node.meta.get(DELEGATION_TAG):
+                user.replace_input_with(node, _size_in(node, tag, copies))
+    for node in reversed(list(program.graph.nodes)):
+        if _size_node(node) and not node.users:
+            program.graph.erase_node(node)
+    return len(copies)

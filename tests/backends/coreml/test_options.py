@@ -11,21 +11,22 @@ from compiler.ir.errors import UserInputError, VerificationError
 from coreml_helpers import compile_coreml, cpu_ops, cpu_reasons, stock_error
 
 
-class TwoColumns(nn.Module):
+class BroadcastIndices(nn.Module):
     def forward(self, y, v):
         y = y.clone()
-        y[:, torch.tensor([0, 2])] = v
+        y[torch.tensor([[0], [2]]), torch.tensor([1, 3, 4])] = v  # (2, 1) and (3,) broadcast to (2, 3)
         return y * 2
 
 
 def test_lower_full_graph_fails_with_the_reason():
     # Stock fails inside coremltools, without naming the op or the option.
-    stock = stock_error(TwoColumns(), (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), lower_full_graph=True)
-    assert stock == "ValueError: Input squeeze_0 has rank 1 != other inputs rank 0"
+    inputs = (torch.randn(4, 5), torch.randn(2, 3))
+    stock = stock_error(BroadcastIndices(), inputs, lower_full_graph=True)
+    assert "has shape (3,), others have (2, 1)" in stock
     with pytest.raises(CoreMLRefusal) as err:
-        compile_coreml(TwoColumns(), (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), lower_full_graph=True)
+        compile_coreml(BroadcastIndices(), inputs, lower_full_graph=True)
     text = str(err.value)
-    assert "aten.index_put.default with an index of more than one entry next to a slice" in text
+    assert "aten.index_put.default with index tensors that broadcast against each other" in text
     assert "run them on the CPU, or rewrite the model to avoid them (lower_full_graph=False)" in text
     assert "aten_index_put_default" in err.value.nodes
     assert err.value.stage == "partition"

@@ -113,21 +113,6 @@ class IndexPut(nn.Module):
         return y * 2
 
 
-def _set_two_columns(y, v):
-    y[:, torch.tensor([0, 2])] = v
-
-
-def test_index_of_several_entries_next_to_slice_runs_on_cpu():
-    model = IndexPut(_set_two_columns)
-    inputs = (torch.randn(2, 4, 3), torch.randn(2, 2, 3))
-    assert "Input squeeze_0 has rank 1 != other inputs rank 0" in stock_error(model, inputs)
-    artifact = compile_coreml(model, inputs)
-    assert "aten.index_put.default" in cpu_ops(artifact).values()
-    assert "aten.mul.Tensor" in delegated_ops(artifact)
-    reason = [r for r in cpu_reasons(artifact).values() if "index_put" in r][0]
-    assert "an index of more than one entry next to a slice" in reason
-
-
 class CacheUpdate(nn.Module):
     """The single-entry cache-update form, which Core ML converts."""
 
@@ -177,6 +162,14 @@ def _two_indices_after_slice(y, v):
     y[:, torch.tensor([1]), torch.tensor([2])] = v
 
 
+def _two_long_indices_after_slice(y, v):
+    y[:, torch.tensor([0, 2]), torch.tensor([1, 3])] = v
+
+
+def _two_dimensional_index_after_slice(y, v):
+    y[:, torch.tensor([[0, 2], [1, 3]])] = v
+
+
 def _bool_next_to_slice(y, v):
     y[:, torch.tensor([True, False, True, False])] = v
 
@@ -212,13 +205,18 @@ _I = torch.tensor(1)
         (IndexPut(_two_indices_after_slice), (torch.randn(2, 4, 5, 3), torch.randn(1, 3)), None, None, ""),
         (IndexPut(_bool_next_to_slice), (torch.randn(3, 4), torch.randn(3, 2)), None,
          "a bool index next to a slice", "y has dtype int32 whereas x has dtype bool"),
+        (IndexPut(_two_long_indices_after_slice), (torch.randn(2, 4, 5, 3), torch.randn(2, 2, 3)), None,
+         "several indices of more than one entry next to a slice", "Input squeeze_0 has rank 1 != other inputs rank 0"),
+        (IndexPut(_two_dimensional_index_after_slice), (torch.randn(2, 4, 3), torch.randn(2, 2, 2, 3)), None,
+         "an index of rank 2 next to a slice", "Input squeeze_0 has rank 2 != other inputs rank 0"),
         # Stock fails the same way at iOS 18, so the form stays refused there too.
         (IndexPut(_bool_next_to_slice), (torch.randn(3, 4), torch.randn(3, 2)), "iOS18",
          "a bool index next to a slice", "y has dtype int32 whereas x has dtype bool"),
     ],
     ids=[
         "broadcast-indices", "0-d-index", "0-d-next-to-slice-values-vary", "0-d-next-to-slice",
-        "several-next-to-slice-values-vary", "several-next-to-slice", "bool-next-to-slice", "bool-next-to-slice-ios18",
+        "several-next-to-slice-values-vary", "several-next-to-slice", "bool-next-to-slice", "several-long-next-to-slice",
+        "2-d-next-to-slice", "bool-next-to-slice-ios18",
     ],
 )
 def test_more_index_put_forms(model, inputs, target, why, stock):
