@@ -14,7 +14,7 @@ import html
 import importlib.resources
 import json
 import re
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import attrs
 
@@ -33,15 +33,21 @@ OUTPUT_COLOR = "#37474f"
 DELEGATE_COLORS = ("#2e7d32", "#1565c0", "#6a1b9a", "#00838f", "#ad1457", "#ef6c00", "#558b2f", "#283593")
 
 
-def render_html(report: Report, partitioned: PartitionedProgram | None, *, title: str | None = None) -> str:
+def render_html(
+    report: Report, partitioned: PartitionedProgram | None, *, title: str | None = None,
+    located: Mapping[str, Any] | None = None,
+) -> str:
     """The page for one compile run; without `partitioned` (a run stopped before the
-    partition stage) it holds the stage table only."""
+    partition stage) it holds the stage table only. `located` (`Location.highlight()` of
+    `compiler.locate`): where the numbers diverge, said above the graph and marked on it."""
     backend = report.config.get("backend")
     heading = title or f"Compile report{f' ({backend})' if backend else ''}"
     sections = [_header(report, heading), _stage_table(report)]
+    if located:
+        sections.append(f'<h2>Where the numbers diverge</h2>\n<pre id="located">{_text(located["summary"])}</pre>\n')
     if partitioned is not None:
         report = attrs.evolve(report, plan=partitioned.plan)  # the tables and the graph show one plan
-        graph = _graph_elements(partitioned)
+        graph = _graph_elements(partitioned, located)
         sections += [_graph_section(graph["legend"]), _placement_table(report), _summary_table(report)]
         scripts = (
             f'<script type="application/json" id="graph-data">{_script_json(graph)}</script>\n'
@@ -194,8 +200,11 @@ def _delegate_colors(plan: Any) -> tuple[dict[str, str], list[dict[str, str]]]:
     return {tag: backend_colors[backend_of[tag]] for tag in tags}, legend
 
 
-def _graph_elements(partitioned: PartitionedProgram) -> dict[str, Any]:
-    """Cytoscape's elements for the program, each node coloured by where it runs, and the legend."""
+def _graph_elements(partitioned: PartitionedProgram, located: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Cytoscape's elements for the program, each node coloured by where it runs, and the legend;
+    the diverging node `located` names and its path from the inputs marked, with their errors."""
+    path = {step["node"]: step for step in (located or {}).get("path", ())}
+    diverging = (located or {}).get("node")
     plan = partitioned.plan
     placed = {n.node: n for n in plan.described()}
     words = {n.tag: n.where for n in placed.values() if n.tag}
@@ -225,12 +234,19 @@ def _graph_elements(partitioned: PartitionedProgram) -> dict[str, Any]:
                 data["delegate"] = f"{placement.backend_id}/{placement.tag}"
             if placement and placement.reason and not placement.tag:
                 data["reason"] = placement.reason
+        if node.name in path or node.name == diverging:
+            data["located"] = "diverging" if node.name == diverging else "path"
+            step = path.get(node.name, {})
+            if step.get("error") is not None:
+                data["error"] = f"{step['error']:.3g} (tolerance {step['tolerance']:.3g})"
         data["w"] = max(40, 7 * len(data["label"]) + 16)
         nodes.append({"data": data})
         edges += [
             {"data": {"id": f"{source.name}->{node.name}", "source": source.name, "target": node.name}}
             for source in node.all_input_nodes
         ]
+    if diverging:
+        legend.append({"label": "diverges first (red border; its path from the inputs: orange)", "color": "#d50000"})
     legend += [
         {"label": "CPU", "color": CPU_COLOR},
         {"label": "input", "color": INPUT_COLOR},
@@ -290,6 +306,8 @@ _PAGE_SCRIPT = """
           'width': 14, 'height': 14, 'shape': 'ellipse', 'label': '', 'border-width': 2, 'border-color': 'data(border)' } },
       { selector: 'node[kind = "output"]', style: { 'shape': 'ellipse' } },
       { selector: 'node[reason]', style: { 'border-width': 2, 'border-color': '#b71c1c' } },
+      { selector: 'node[located = "path"]', style: { 'border-width': 3, 'border-color': '#ff6d00' } },
+      { selector: 'node[located = "diverging"]', style: { 'border-width': 5, 'border-color': '#d50000' } },
       { selector: 'edge', style: {
           'width': 1, 'line-color': '#b0bec5', 'target-arrow-color': '#b0bec5',
           'target-arrow-shape': 'triangle', 'arrow-scale': 0.7, 'curve-style': 'bezier' } },
@@ -316,7 +334,7 @@ _PAGE_SCRIPT = """
     cy.pan({ x: cy.width() / 2 - top.position('x') * 0.8, y: 30 - top.position('y') * 0.8 });
   }
 
-  const fields = [['node', 'id'], ['op', 'op'], ['runs on', 'where'], ['delegate', 'delegate'], ['why on the CPU', 'reason'], ['value', 'value']];
+  const fields = [['node', 'id'], ['op', 'op'], ['runs on', 'where'], ['delegate', 'delegate'], ['why on the CPU', 'reason'], ['value', 'value'], ['error against the last good stage', 'error']];
   function describe(node) {
     return fields.filter(([, key]) => node.data(key)).map(([name, key]) => name + ': ' + node.data(key)).join('\\n');
   }
@@ -367,8 +385,8 @@ _PAGE_SCRIPT = """
     cy.nodes('[kind = "weight"]').toggleClass('hidden', !e.target.checked);
   });
   document.getElementById('graph-fit').addEventListener('click', () => cy.fit(undefined, 20));
-  // The first CPU op explains itself in the panel before anything is clicked.
-  const firstOnCpu = cy.nodes('[reason]').first();
-  if (firstOnCpu.nonempty()) { firstOnCpu.select(); show(firstOnCpu); }
+  // The diverging node (else the first CPU op) explains itself in the panel before anything is clicked.
+  const first = cy.nodes('[located = "diverging"]').first().nonempty() ? cy.nodes('[located = "diverging"]').first() : cy.nodes('[reason]').first();
+  if (first.nonempty()) { first.select(); show(first); }
 })();
 """

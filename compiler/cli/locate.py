@@ -1,0 +1,95 @@
+"""`python -m compiler locate MODEL --backend B`: compile, then name the first stage and the first
+node whose numbers leave eager's, with the chain of errors from the inputs to it; and
+`report(...)`, which `compile --check --locate` calls on a failed check.
+
+Loads no torch until the command runs (`compiler.cli.main` builds every parser at start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from compiler import backends
+
+
+def add_parser(commands, talk: argparse.ArgumentParser) -> None:
+    command = commands.add_parser(
+        "locate", parents=[talk],
+        help="compile MODEL and name the first stage and node whose outputs leave eager's (inside delegates too)",
+    )
+    command.add_argument("model", help="a built-in example (name[:key=value,...]) or path/to/file.py:factory")
+    command.add_argument("--backend", choices=backends.available(), default="portable", help="default: portable")
+    command.add_argument(
+        "--backend-option", action="append", default=[], metavar="KEY=VALUE",
+        help="an option of the backend's partitioner (VALUE is read as JSON, else as a string)",
+    )
+    command.add_argument(
+        "--report-html", metavar="FILE", help="write the compile report with the diverging node highlighted on the graph",
+    )
+    command.add_argument("--report-json", metavar="FILE", help="write what locate found as JSON")
+
+
+def run(args: argparse.Namespace, terminal) -> int:
+    """Exit 1 when a stage diverges (as a failed check), 0 when every stage agrees."""
+    from compiler.cli.main import _backend_options, _file_to_write, _load
+    from compiler.models import catalog
+
+    catalog.check_model_spec(args.model)
+    html = _file_to_write("--report-html", args.report_html)
+    as_json = _file_to_write("--report-json", args.report_json)
+    from compiler import api
+    from compiler.cli.live_progress import LiveProgress
+    from compiler.models.examples import resolve_model
+
+    terminal.quietly(f"loading ExecuTorch and the {args.backend} backend", _load, args.backend)
+    module, inputs, dynamic_shapes = terminal.quietly("building the model", resolve_model, args.model)
+    instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
+    result = api.compile(
+        module, inputs, args.backend, backend_options=_backend_options(args.backend_option) or None,
+        dynamic_shapes=dynamic_shapes, instruments=instruments, cache=False, reproducer=False,
+    )
+    location = report(terminal, result, module, inputs)
+    if as_json:
+        with open(as_json, "w") as f:
+            json.dump(location.to_json(), f, indent=2)
+        terminal.say(f"wrote {as_json}")
+    if html:
+        write_html(html, result, location, f"{args.model} compiled for {args.backend}")
+        terminal.say(f"wrote {html}")
+    return 1 if location.found else 0
+
+
+def report(terminal, result, module, inputs, backend=None):
+    """Locate and print: the stage table, then the finding (even with -q when something diverges)."""
+    from compiler.tools.locate import locate_result
+
+    location = terminal.quietly("locating where the outputs diverge", locate_result, result, module, inputs,
+                                backend=backend)
+    terminal.table(*location.stage_rows())
+    if terminal.verbosity >= 0 or location.found:
+        terminal.out.print("\n" + location.describe(), highlight=False, markup=False)
+    return location
+
+
+def write_html(path: str, result, location, title: str) -> None:
+    from compiler.reporting.html_report import render_html
+
+    page = render_html(result.report, result.stages.get("partition"), title=title, located=location.highlight())
+    with open(path, "w") as f:
+        f.write(page)
+
+
+def add_compile_flag(compile_cmd: argparse.ArgumentParser) -> None:
+    """`compile --check --locate`."""
+    compile_cmd.add_argument(
+        "--locate", action="store_true",
+        help="with --check: when the check fails, name the first stage and node whose outputs leave eager's",
+    )
+
+
+def after_check(args: argparse.Namespace, terminal, result, module, inputs, check):
+    """`compile --check --locate`: the Location of a failed check (printed), else None."""
+    if not getattr(args, "locate", False) or check is None or check.passed:
+        return None
+    return report(terminal, result, module, inputs)
