@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from compiler import backends
-from compiler.cli import describe_image, generate, transcribe
+from compiler.cli import describe_image, generate, locate, transcribe
 from compiler.models import catalog
 from compiler.driver import config, dynamic_dims
 from compiler.stages import STAGE_NAMES
@@ -161,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_parser(commands, talk)
     transcribe.add_parser(commands, talk)
     describe_image.add_parser(commands, talk)
+    locate.add_parser(commands, talk)
     return parser
 
 
@@ -683,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     terminal = Terminal(-1 if getattr(args, "quiet", False) else getattr(args, "verbose", 0))
     _setup_logging(terminal)
-    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "sweep": _sweep, "fuzz": _fuzz, "examples": _examples, "generate": generate.run, "transcribe": transcribe.run, "describe-image": describe_image.run}
+    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "sweep": _sweep, "fuzz": _fuzz, "examples": _examples, "generate": generate.run, "transcribe": transcribe.run, "describe-image": describe_image.run, "locate": locate.run}
     try:
         return commands[args.command](args, terminal)
     except CompileError as error:
