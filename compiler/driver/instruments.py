@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
-from compiler.ir.errors import CompileError
+from compiler.ir.errors import CompileError, VerificationError
 from compiler.stages import STAGE_NAMES
 
 # The stage-file serializer (and with it ExecuTorch) is imported on first use, inside the
@@ -111,15 +111,29 @@ class VerifyEach(Instrument):
 
     A stage that hands on the very program it was given (fold with nothing to fold,
     the dry run) is checked only for the invariants its output type adds, if that
-    program was checked earlier in this run: stages never change their input in place.
+    program was checked earlier in this run: stages never change their input in place,
+    which is checked too (`stage_input_kept`).
     """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._checked: list[Any] = []  # artifacts verified in this run (kept alive, so ids stay unique)
+        self._input: dict[str, tuple] | None = None
+
+    def before_stage(self, stage, artifact):
+        from compiler.ir import invariants as inv
+
+        start = time.perf_counter()
+        self._input = inv.program_fingerprint(artifact)
+        self.seconds[stage] = time.perf_counter() - start
 
     def after_stage(self, stage, before, after):
-        start = time.perf_counter()
+        from compiler.ir import invariants as inv
+
+        start = time.perf_counter() - self.seconds.get(stage, 0.0)
+        violation = inv.stage_input_kept(self._input, before)
+        if violation is not None:
+            raise VerificationError(inv.STAGE_INPUT_KEPT, violation.reason, stage=stage, hint=inv.STAGE_INPUT_KEPT_HINT)
         invariants = type(after).invariants
         program = getattr(after, "program", None)
         if program is getattr(before, "program", object()) and any(a is before for a in self._checked):

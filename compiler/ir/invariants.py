@@ -348,3 +348,54 @@ def delegate_payloads_pass_their_backend_checks(artifact) -> Violation | None:
             if found and means not in meanings:
                 meanings.append(means)
     return _violation_if_any(bad, "; ".join(meanings))
+
+
+# --- a stage leaves its input as it was -------------------------------------------------------
+# Every stage's artifact is kept (the result's `stages`, stage files, re-lowering at another
+# precision, locating a divergence by stage): a stage that changed the program it was given in
+# place would leave an earlier artifact that no longer is what its stage made.
+
+STAGE_INPUT_KEPT = "stage_input_kept"
+STAGE_INPUT_KEPT_HINT = (
+    "this is a bug in the stage: it changed the program it was given, which the run keeps as the "
+    "earlier stage's artifact; report it with the dumped stage input"
+)
+
+
+def program_fingerprint(artifact) -> dict[str, tuple] | None:
+    """What a stage must not change in the program it is given: its nodes (with their delegation
+    tags), its signature and the names of the constants and state it holds (None: no program)."""
+    program = getattr(artifact, "program", None)
+    if not isinstance(program, torch.export.ExportedProgram):
+        return None
+    signature = program.graph_signature
+    return {
+        "nodes": tuple((n.name, n.op, str(n.target), n.meta.get(DELEGATION_TAG)) for n in program.graph.nodes),
+        "inputs": tuple((s.kind.name, getattr(s.arg, "name", None), s.target) for s in signature.input_specs),
+        "outputs": tuple((s.kind.name, getattr(s.arg, "name", None), s.target) for s in signature.output_specs),
+        "constants": tuple(sorted(program.constants)),
+        "state": tuple(sorted(program.state_dict)),
+    }
+
+
+def _names(entries: tuple) -> list[str]:
+    return [str(e[0] if isinstance(e, tuple) else e) for e in entries]
+
+
+def stage_input_kept(before: dict[str, tuple] | None, artifact) -> Violation | None:
+    """A violation naming what the stage changed in its input since `before` (its fingerprint)."""
+    after = program_fingerprint(artifact)
+    if before is None or after is None or after == before:
+        return None
+    changed = []
+    for part, was in before.items():
+        now = after[part]
+        if now == was:
+            continue
+        gone = _names(tuple(x for x in was if x not in now))[:5]
+        new = _names(tuple(x for x in now if x not in was))[:5]
+        what = "; ".join(
+            [f"removed {', '.join(gone)}"] * bool(gone) + [f"added {', '.join(new)}"] * bool(new)
+        ) or "changed in place"
+        changed.append(f"its {part}: {what}")
+    return Violation("the stage changed the program it was given (" + "; ".join(changed) + ")")

@@ -203,6 +203,22 @@ def set_verifiers(program: ExportedProgram, verifiers: Iterable[Any]) -> None:
     program._verifiers = list(verifiers)
 
 
+@contextlib.contextmanager
+def constants_kept(program: ExportedProgram) -> Iterator[None]:
+    """While the block runs, `program` holds a copy of its constants table, which it keeps
+    afterwards; the table it had is put back. ExecuTorch's `to_backend` lowers a fake copy of
+    the program that shares the real one's constants table (`get_fake_program`) and deletes the
+    constants each delegate takes from it, so the program given to it would lose them. The
+    copy is of the table only: the tensors stay shared. `_constants` is the property's private
+    store. Checked against executorch 1.5.1 (torch 2.13)."""
+    table = program._constants
+    program._constants = dict(table)
+    try:
+        yield
+    finally:
+        program._constants = table
+
+
 # --- Serialized programs (executorch.exir._serialize) ------------------------------
 
 

@@ -20,7 +20,7 @@ from compiler.process.collector import collect
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.private_api import exported_program_validation_skipped
+from compiler.ir.private_api import constants_kept, exported_program_validation_skipped
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.shared import METHOD
 
@@ -49,6 +49,9 @@ class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
             {METHOD: partitioned.program}, {METHOD: ReplayPartitioner(partitioned.plan)}
         )
         with contextlib.ExitStack() as stack:
+            # `to_backend` deletes the constants delegates take from its input's table: the
+            # stage's input keeps its own (it is the partition stage's artifact).
+            stack.enter_context(constants_kept(partitioned.program))
             stack.enter_context(ctx.backend.lowering(ctx.dependency_checks))
             if not ctx.dependency_checks:
                 # Our verification validates this stage's input and output (program_validates).
