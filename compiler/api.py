@@ -82,6 +82,39 @@ class CompileResult(_SavesProgram):
 
         return run(self.program, inputs)
 
+    def at_float32(self) -> "CompileResult | None":
+        """The same program partitioned and lowered again with Core ML computing in float32, for
+        a Core ML program computing in float16 (its default): a conversion fault smaller than
+        float16's noise shows only there. (The partition stage runs again because each
+        partition's tag holds its compile specs; Core ML's rules do not depend on the compute
+        precision, so the partitions are the same.) None for any other program, or when this
+        result holds no program from before partition (a run resumed after it)."""
+        from compiler.driver.config import DriverOptions
+        from compiler.driver.instruments import instruments_for
+        from compiler.driver.pipeline import Pipeline
+        from compiler.stages import STAGE_NAMES, default_stages
+
+        options = dict(self.config.backend_options)
+        if self.config.backend != "coreml" or str(options.get("compute_precision", "float16")).lower() != "float16":
+            return None
+        before_partition = STAGE_NAMES[: STAGE_NAMES.index("partition")]
+        start = next((name for name in reversed(before_partition) if name in self.stages), None)
+        if start is None or self.stopped_after != STAGE_NAMES[-1]:
+            logger.info("no float32 conversion: the run kept no program from before partition, or made no .pte")
+            return None
+        options["compute_precision"] = "float32"
+        config = attrs.evolve(self.config, backend_options=options)
+        artifact = self.stages[start]
+        if getattr(artifact, "searched", None) is not None:  # the dry run's search: float16's specs
+            artifact = attrs.evolve(artifact, searched=None)
+        with DependencyOutput() as output:
+            result = Pipeline(default_stages()).execute(
+                artifact, backends.resolve("coreml", options), config,
+                instruments_for(DriverOptions(verify=False)), start_after=start,
+            )
+        logger.debug("float32 conversion printed: %s", output.leftover)
+        return CompileResult(result.artifact, result.report, {**self.stages, **result.artifacts}, config)
+
 
 def _eager_model(model: Any, example_inputs: Any, dynamic_shapes: Any, calibration: Any = None) -> EagerModel:
     if not isinstance(model, torch.nn.Module):

@@ -209,10 +209,15 @@ class CheckResult:
     sizes: tuple[str, ...] = ()
     worst_at: str | None = None
     error: str | None = None
+    # For a Core ML program computing in float16: the same partitions computing in float32,
+    # checked at float32's tolerance (a conversion fault below float16's noise fails there).
+    at_float32: "CheckResult | None" = None
 
     @property
     def passed(self) -> bool:
         if self.error or (self.integers_exact and self.integer_error):
+            return False
+        if self.at_float32 is not None and not self.at_float32.passed:
             return False
         return self.max_abs_error <= self.tolerance.absolute
 
@@ -233,11 +238,15 @@ class CheckResult:
         sizes = f"; also at {', '.join(self.sizes)}" if self.sizes else ""
         sizes += f" (the errors are at {self.worst_at})" if self.worst_at else ""
         failed = f"; failed {self.error}" if self.error else ""
-        return (
+        own = self.max_abs_error <= self.tolerance.absolute and not failed and not integers
+        line = (
             f"check{against}: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
-            f"max rel error {self.max_rel_error:.3g} -> {'OK' if self.passed else 'MISMATCH'} "
+            f"max rel error {self.max_rel_error:.3g} -> {'OK' if own else 'MISMATCH'} "
             f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}){besides}{sizes}{failed}"
         )
+        if self.at_float32 is None:
+            return line
+        return f"{line}\nthe same partitions converted computing in float32: {self.at_float32.describe()}"
 
     def to_json(self) -> dict:
         """The check as JSON types, for the JSON report."""
@@ -259,6 +268,7 @@ class CheckResult:
             "sizes": list(self.sizes),
             "worst_at": self.worst_at,
             "error": self.error,
+            "at_float32": None if self.at_float32 is None else self.at_float32.to_json(),
         }
 
 
@@ -410,9 +420,28 @@ def compare_with_eager(
     """`compare_at` on the example inputs; a CompileResult whose program has dynamic input sizes
     also runs with them all at the bottom of their declared ranges, then at the top (where a
     size a dependency fixed, or memory planned too small, shows), and the worst run is the
-    result. The model's state is left as after the example's run. A `.pte` does not say which of
-    its sizes are dynamic: `dynamic_shapes` (as torch.export takes them, those it was compiled with)
-    give the ranges whose ends it runs at."""
+    result. A CompileResult whose Core ML delegates compute in float16 is also lowered again
+    computing in float32 and checked at float32's tolerance (`at_float32`): float16's tolerance
+    would hide a conversion fault smaller than its noise. The model's state is left as after
+    the example's run. A `.pte` does not say which of its sizes are dynamic: `dynamic_shapes` (as
+    torch.export takes them, those it was compiled with) give the ranges whose ends it runs at."""
+    state = _State(module)
+    checked = _compare_over_ranges(program, module, inputs, tolerance, dynamic_shapes)
+    remake = getattr(program, "at_float32", None)
+    variant = remake() if callable(remake) and not checked.error else None
+    if variant is None:
+        return checked
+    state.first_run_done()
+    state.rewind()
+    try:
+        return attrs.evolve(checked, at_float32=_compare_over_ranges(variant, module, inputs, tolerance))
+    finally:
+        state.leave()
+
+
+def _compare_over_ranges(
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None, dynamic_shapes: Any = None
+) -> CheckResult:
     checked = compare_at(program, module, inputs, tolerance)
     ends = _inputs_at_range_ends(program, inputs, module, dynamic_shapes)
     if not ends:
