@@ -29,6 +29,7 @@ from torchgen.model import SchemaKind
 from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.dialects.edge.op.api import to_variant
 
+from compiler.ir import kernel_fixes
 from compiler.ir.private_api import (
     aten_overload,
     executorch_sym_ops,
@@ -190,4 +191,6 @@ def wrong_kernel(node) -> str | None:
     """Why the runtime's CPU kernel for `node` computes otherwise than torch, or None."""
     target = aten_overload(node.target)
     entry = WRONG_KERNELS.get(str(target)) if isinstance(target, torch._ops.OpOverload) else None
+    if entry and not kernel_fixes.on("integer_remainder"):
+        return None
     return entry[1] if entry and entry[0](node) else None

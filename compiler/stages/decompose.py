@@ -47,6 +47,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
+from compiler.ir import kernel_fixes
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.private_api import (
@@ -134,6 +135,8 @@ def _floored_remainder(self, other):
     """Integer `remainder` as torch defines it (floored), from ops whose CPU kernels agree:
     the portable runtime's own integer remainder truncates (see `WRONG_KERNELS`)."""
     if self.dtype.is_floating_point or getattr(other, "dtype", torch.int64).is_floating_point or isinstance(other, float):
+        return NotImplemented
+    if not kernel_fixes.on("integer_remainder"):
         return NotImplemented
     return self - torch.div(self, other, rounding_mode="floor") * other
 

@@ -8,17 +8,13 @@ with eager fails; nothing else turns a fix off.
 Each fix asks `on(name)` at the one place where it acts, when a node is converted or a
 rule is asked, never when `conversion.installed()` builds the registry: the converter
 registry is the same with a fix on or off, so switching cannot disturb its install and
-restore counting. The switches are process-wide, not per thread (a compile may convert
-in another thread than the one that switched), and counted, so nested or concurrent
-blocks compose: a fix is off while any block that turned it off is open.
+restore counting. The switching itself (process-wide, counted, so nested or concurrent
+blocks compose) is `compiler.ir.fix_switches`, shared with the other backends' fixes.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import threading
-from typing import Iterator
+from compiler.ir import fix_switches
 
 # Name -> what the fix does (and so what goes wrong without it).
 FIXES: dict[str, str] = {
@@ -47,32 +43,14 @@ FIXES: dict[str, str] = {
     "never_alias": "an op coremltools converts to its own input gets a real identity, so no output is an input",
 }
 
-_LOCK = threading.Lock()
-_off: collections.Counter[str] = collections.Counter()  # name -> open blocks that turned it off
-
-
-def _known(names: tuple[str, ...]) -> None:
-    unknown = sorted(set(names) - set(FIXES))
-    if unknown:
-        raise ValueError(
-            f"unknown Core ML fix {', '.join(map(repr, unknown))}; the fixes are: {', '.join(FIXES)}"
-        )
+SWITCHES = fix_switches.register("coreml", FIXES)
 
 
 def on(name: str) -> bool:
     """Whether fix `name` applies now (always, unless a test turned it off)."""
-    _known((name,))
-    return _off[name] == 0
+    return SWITCHES.on(name)
 
 
-@contextlib.contextmanager
-def fixes_off(*names: str) -> Iterator[None]:
+def fixes_off(*names: str):
     """For tests: compile with these fixes off, as stock coremltools would convert."""
-    _known(names)
-    with _LOCK:
-        _off.update(names)
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _off.subtract(names)
+    return SWITCHES.off(*names)

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from compiler.backends.mlx import fixes
 from compiler.ir.dialect import op_name
 from compiler.ir.private_api import aten_overload
 
@@ -43,7 +44,7 @@ def ignored_argument(node: torch.fx.Node) -> Optional[str]:
     `sort(descending=True)` came back ascending and `topk(largest=False)` gave the largest
     values, silently. Those calls stay on the CPU."""
     ignored = _IGNORED_ARGUMENTS.get(op_name(node.target))
-    if ignored is None:
+    if ignored is None or not fixes.on("ignored_arguments_made_explicit"):
         return None
     name, honoured = ignored
     value = argument(node, name, honoured)

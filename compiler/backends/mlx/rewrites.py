@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch.export import ExportedProgram
 
+from compiler.backends.mlx import fixes
 from compiler.backends.mlx.arguments import argument, ignored_argument
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import constant_placeholders, lift_constant
@@ -82,6 +83,8 @@ def copy_source_like_destination(program: ExportedProgram) -> int:
     cannot resize the static (1, 4) output to it). Giving the copy a source already cast
     and expanded to self's static shape makes that handler right. Returns how many copies
     changed; a copy onto a symbolic shape is left for `support.copy_source_unlike_destination`."""
+    if not fixes.on("copy_source_like_destination"):
+        return 0
     graph = program.graph_module.graph
     changed = 0
     for node in list(graph.nodes):
@@ -161,6 +164,8 @@ def ignored_arguments_made_explicit(program: ExportedProgram) -> int:
     many calls changed; what is left (a symbolic shape) `support.ignored_argument` refuses."""
     import operator
 
+    if not fixes.on("ignored_arguments_made_explicit"):
+        return 0
     graph = program.graph_module.graph
     changed = 0
     for node in list(graph.nodes):
@@ -251,6 +256,8 @@ def nearest_scales_torch_ignores_dropped(program: ExportedProgram) -> int:
     3x3 x (output 6x6) read rows 0,0,0,1,1,2 where torch reads 0,0,1,1,2,2, silently. On
     those axes the scale becomes out / in, which steps the same as torch. Returns how many
     calls changed."""
+    if not fixes.on("nearest_scales_torch_ignores_dropped"):
+        return 0
     graph = program.graph_module.graph
     changed = 0
     for node in graph.nodes:
@@ -306,6 +313,8 @@ def clamp_input_cast_to_result(program: ExportedProgram) -> int:
     handler casts the bounds to the input's dtype instead (0.5 became 0, silently). Each
     clamp whose result dtype differs from its input's clamps the input cast to that dtype
     first, which that handler lowers right. Returns how many calls changed."""
+    if not fixes.on("clamp_input_cast_to_result"):
+        return 0
     graph = program.graph_module.graph
     changed = 0
     for node in list(graph.nodes):

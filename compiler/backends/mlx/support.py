@@ -23,6 +23,7 @@ from compiler.backends.mlx.rewrites import (
     quantized_layout_mlx_refuses,
     torch_nearest_scales,
 )
+from compiler.backends.mlx import fixes
 from compiler.backends.mlx.arguments import ignored_argument, schema_of
 from compiler.backends.node_rules import NodeRule, first_refusal
 from compiler.ir.dialect import op_name
@@ -86,7 +87,7 @@ def same_rank_single_index(node: torch.fx.Node) -> Optional[str]:
     rank to TakeAlongAxisNode (mlx take_along_axis), an element-wise gather: `x[rows]`
     with x [4, 8] and rows [2, 2] should give [2, 2, 8] but fails to broadcast (or,
     when the shapes broadcast, silently gives other values). Rank 1 is the same as a take."""
-    if op_name(node.target) != "aten.index.Tensor" or len(node.args) < 2:
+    if op_name(node.target) != "aten.index.Tensor" or len(node.args) < 2 or not fixes.on("same_rank_single_index"):
         return None
     given = [i for i in node.args[1] if i is not None]
     if len(given) != 1:
@@ -149,7 +150,7 @@ def copy_source_unlike_destination(node: torch.fx.Node) -> Optional[str]:
     broadcast and cast to the destination. `rewrites.copy_source_like_destination` fixes
     every copy onto a static shape before this check; one onto a symbolic shape stays here."""
     mismatch = copy_mismatch(node)
-    if mismatch is None:
+    if mismatch is None or not fixes.on("copy_source_like_destination"):
         return None
     destination, source = mismatch
     return (
@@ -210,7 +211,7 @@ def unwritten_output_read(node: torch.fx.Node) -> Optional[str]:
     multi-output handlers, they do not check `used_getitem_indices`), so a program that
     reads the indices reads a tensor the payload never wrote."""
     what = _ONLY_FIRST_OUTPUT_WRITTEN.get(op_name(node.target))
-    if what is None:
+    if what is None or not fixes.on("unwritten_output_read"):
         return None
     read = sorted(u.args[1] for u in node.users if u.target is operator.getitem and u.args[1] != 0)
     if not read:
@@ -260,6 +261,8 @@ def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
     value = node.meta.get("val")
     if not floor or not isinstance(value, torch.Tensor) or value.dtype.is_floating_point:
         return None
+    if not fixes.on("integer_floor_division"):
+        return None
     return (
         f"MLX would get this {str(value.dtype).removeprefix('torch.')} floor division wrong: it divides "
         "integers through mlx::divide, which returns float (7 // 2 gives 3.5)"
@@ -298,6 +301,8 @@ def nearest_rows_unlike_torch(node: torch.fx.Node) -> Optional[str]:
     source, result = node.args[0].meta.get("val"), node.meta.get("val")
     sizes = (*source.shape[-2:], *result.shape[-2:]) if source is not None and result is not None else ()
     if len(sizes) != 4 or not all(isinstance(size, int) for size in sizes):
+        return None
+    if not fixes.on("nearest_rows_unlike_torch"):
         return None
     if torch.equal(_nearest_sources(node, *sizes[:2]), _stock_nearest_sources(node, *sizes)):
         return None

@@ -56,6 +56,7 @@ from executorch.backends.xnnpack.utils.quant_utils import (
 )
 
 from compiler.backends.node_rules import NodeRule, first_refusal
+from compiler.backends.xnnpack import fixes
 from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError
@@ -267,6 +268,8 @@ def refuse_eight_bit_groups(program: ExportedProgram) -> None:
 def dequantize_with_plain_ops(program: ExportedProgram) -> dict[str, str]:
     """Rewrites every dequantize_affine XNNPACK would lower wrongly into plain Edge ops,
     in place. Returns new node name -> why it is there (for the placement plan)."""
+    if not fixes.on("dequantize_with_plain_ops"):
+        return {}
     graph = program.graph_module.graph
     wrong = [n for n in graph.nodes if scales_dropped(n)]
     stuck = [n.name for n in wrong if not _decomposable(n)]
@@ -317,6 +320,8 @@ class _Coefficients:
 
 def tanh_gelu_as_plain_ops(program: ExportedProgram) -> int:
     """Rewrites every tanh GELU into the ops of its formula, in place; returns how many."""
+    if not fixes.on("tanh_gelu_as_plain_ops"):
+        return 0
     graph = program.graph_module.graph
     gelus = [n for n in graph.nodes if _tanh_gelu(n)]
     coefficient = _Coefficients(program)
@@ -406,7 +411,7 @@ def addmm_scaled(node: torch.fx.Node) -> Optional[str]:
     """Stock's addmm visitor (operators/op_addmm.py) serializes a FullyConnected of the bias,
     input and weight and never reads `beta` or `alpha`, which AddmmConfig does not check:
     `addmm(b, x, w, beta=0.5)` comes out `b + x @ w`, silently."""
-    if op_name(node.target) != "aten.addmm.default":
+    if op_name(node.target) != "aten.addmm.default" or not fixes.on("addmm_scaled"):
         return None
     scales = {name: _argument(node, position, name, 1) for position, name in ((3, "beta"), (4, "alpha"))}
     off = {name: value for name, value in scales.items() if value != 1}
@@ -462,7 +467,7 @@ def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
     `scale_factors` and align_corners=False, samples at 1 / scale steps. Where out is not
     in * scale (a scale of 2.2 over 3 rows gives 6 rows) the numbers differ, silently
     (0.46 off in the sweep)."""
-    if op_name(node.target) != "aten.upsample_bilinear2d.vec":
+    if op_name(node.target) != "aten.upsample_bilinear2d.vec" or not fixes.on("bilinear_scale_unlike_size"):
         return None
     scales = _argument(node, 3, "scale_factors", None)
     if not scales or _argument(node, 2, "align_corners", False):
