@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from compiler.backends.base import Backend
     from compiler.driver.cache import StageCache
     from compiler.driver.config import DriverOptions
+    from compiler.driver.dynamic_dims import DynamicDim
     from compiler.ir.artifacts import EagerModel, ExecutorchProgram
     from compiler.reporting.report import Override, Report
     from compiler.driver.stage_files import StageFile
@@ -200,6 +201,20 @@ def dynamic_dims(model: torch.nn.Module, example_inputs: Any, dims: Sequence[Any
         made[(position, one.dim)] = dim
         shapes[position] = {**(shapes[position] or {}), one.dim: dim}
     return tuple(shapes)
+
+
+def model_dynamic_shapes(spec: str, module: Any, example_inputs: Any, own: Any, dims: Sequence[DynamicDim]) -> Any:
+    """The `dynamic_shapes` a model built from the MODEL `spec` is compiled (and checked) with: those
+    `dims` make, else the factory's own; both is a mistake (the dims would replace the factory's)."""
+    if not dims:
+        return own
+    if own is not None:
+        raise UserInputError(
+            f"{spec} gives its own dynamic_shapes, which the dynamic dimensions given would replace",
+            hint="drop --dynamic-dim (a sweep job's dynamic_dim), or have the factory return (module, "
+            "example_inputs) only",
+        )
+    return dynamic_dims(module, example_inputs, dims)
 
 
 def _calibration(calibration: Any) -> tuple | None:

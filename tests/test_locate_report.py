@@ -11,6 +11,8 @@ import json
 import re
 
 
+import pytest
+
 import compiler
 from compiler.backends.coreml.fixes import fixes_off
 from test_locate import LinearGelu, _AbsForRelu, model
@@ -59,3 +61,43 @@ def test_the_locate_command_prints_the_stages_and_exits_0_when_all_agree(capsys)
     out = capsys.readouterr().out
     assert "locate: every stage's outputs agree with eager" in out
     assert re.search(r"^decompose\s+fx interpreter\s+0\s+0\.0001\s+ok", out, re.M), out
+
+
+def test_locate_without_check_is_refused(capsys):
+    from compiler.cli.main import main
+
+    assert main(["compile", "mlp", "--locate"]) == 2
+    err = capsys.readouterr().err
+    assert "--locate locates a failed --check" in err and "add --check" in err
+
+
+@pytest.mark.slow
+def test_compile_check_locate_names_the_node_and_marks_it_in_the_html(tmp_path, capsys):
+    from compiler.cli.main import main
+
+    source = tmp_path / "gelu.py"
+    source.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)\n"
+        "    def forward(self, x):\n"
+        "        return self.down(nn.functional.gelu(self.up(x), approximate='tanh'))\n"
+        "def make():\n"
+        "    torch.manual_seed(0)\n"
+        "    return M().eval(), (torch.randn(4, 16) * 3,)\n"
+    )
+    page = tmp_path / "report.html"
+    with fixes_off("tanh_gelu"):
+        status = main([
+            "compile", f"{source}:make", "--backend", "coreml", "--no-verify", "--no-cache",
+            "--check", "--locate", "--report-html", str(page),
+        ])
+    assert status == 1
+    out = capsys.readouterr().out
+    assert "the outputs first diverge from eager at stage 'lower'" in out
+    assert "first diverging node: aten_gelu_default (aten.gelu.default" in out
+    assert f"{source}:8" in out  # the forward's line
+    assert '"located": "diverging"' in page.read_text()

@@ -88,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_dynamic_dim_flag(compile_cmd, "--check")
     compile_cmd.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     _add_tolerance_flag(compile_cmd, "--check")
+    locate.add_compile_flag(compile_cmd)
     compile_cmd.add_argument(
         "--report-json", metavar="FILE",
         help="write the whole report as JSON: model, backend and options, versions, stages, placement per node, check",
@@ -396,6 +397,8 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     resume_from = getattr(args, "resume_from", None)
     if not args.model and not resume_from:
         raise UserInputError("compile needs a MODEL (or --resume-from FILE)", hint="see `python -m compiler examples`")
+    if args.locate and not args.check:
+        raise UserInputError("--locate locates a failed --check", hint="add --check")
     if args.check and not args.model:
         raise UserInputError("--check needs the MODEL to compare with", hint="pass MODEL along with --resume-from")
     if args.model:
@@ -443,7 +446,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     module, inputs, dynamic_shapes = (
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
-    dynamic_shapes = dynamic_dims.model_dynamic_shapes(args.model, module, inputs, dynamic_shapes, args.dynamic_dim)
+    dynamic_shapes = api.model_dynamic_shapes(args.model, module, inputs, dynamic_shapes, args.dynamic_dim)
     use_model = not resume_from
     calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if args.model else None
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
@@ -491,6 +494,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
             output = None
 
     _print_report(terminal, report)
+    location = locate.after_check(args, terminal, result, module, inputs, check)
     if report_json:
         with _writing("--report-json", report_json, "the report", cache_dir), open(report_json, "w") as f:
             json.dump(report.to_json(), f, indent=2)
@@ -498,7 +502,9 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         from compiler.reporting.html_report import render_html
 
         title = f"{args.model or report.resumed_from} compiled for {report.config.get('backend')}"
-        page = render_html(report, result.stages.get("partition"), title=title)
+        page = render_html(
+            report, result.stages.get("partition"), title=title, located=location.highlight() if location else None
+        )
         with _writing("--report-html", report_html, "the report", cache_dir), open(report_html, "w") as f:
             f.write(page)
     _print_outcome(terminal, result, report, output, check, [p for p in (report_json, report_html) if p])
@@ -576,6 +582,7 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
     catalog.check_model_spec(args.model)
     if not os.path.isfile(args.program):
         raise UserInputError(f"PROGRAM {args.program!r} does not exist", hint="give the path of a .pte file")
+    from compiler import api
     from compiler.running import runtime
     from compiler.models.examples import resolve_model
 
@@ -584,7 +591,7 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
     # refuse both), and the check runs at their ends too.
     shapes = None
     if args.dynamic_dim:
-        shapes = dynamic_dims.model_dynamic_shapes(args.model, module, inputs, own, args.dynamic_dim)
+        shapes = api.model_dynamic_shapes(args.model, module, inputs, own, args.dynamic_dim)
     check = terminal.quietly("running the program and eager", runtime.compare_with_eager, args.program, module,
                              inputs, tolerance=args.tolerance, dynamic_shapes=shapes)
     terminal.check(check)

@@ -75,19 +75,3 @@ def parse(text: str) -> DynamicDim:
         hint=f"e.g. x:1:2:512 (a dynamic size needs its maximum: ExecuTorch plans memory for it), or "
         "attention_mask:1=input_ids:1 for a size that is input_ids's",
     )
-
-
-def model_dynamic_shapes(spec: str, module: Any, example_inputs: Any, own: Any, dims: Sequence[DynamicDim]) -> Any:
-    """The `dynamic_shapes` a model built from the MODEL `spec` is compiled (and checked) with: those
-    `dims` make, else the factory's own; both is a mistake (the dims would replace the factory's)."""
-    if not dims:
-        return own
-    if own is not None:
-        raise UserInputError(
-            f"{spec} gives its own dynamic_shapes, which the dynamic dimensions given would replace",
-            hint="drop --dynamic-dim (a sweep job's dynamic_dim), or have the factory return (module, "
-            "example_inputs) only",
-        )
-    from compiler import api
-
-    return api.dynamic_dims(module, example_inputs, dims)

@@ -396,7 +396,7 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
     from compiler.models.examples import resolve_model
 
     module, inputs, own = resolve_model(job.model)
-    dynamic_shapes = dynamic_dims.model_dynamic_shapes(job.model, module, inputs, own, job.dynamic_dim)
+    dynamic_shapes = api.model_dynamic_shapes(job.model, module, inputs, own, job.dynamic_dim)
     options = dict(job.options)
     if cache_dir is not None and "cache_dir" not in options and _has_run_option("cache_dir"):
         options["cache_dir"] = cache_dir
