@@ -379,8 +379,8 @@ def _one_element(var) -> bool:
 
 def _consecutive(var) -> bool:
     """Whether the MIL program shows a 1-D integer index to hold consecutive positions k, k+1,
-    ...: a constant run, one element, `range_1d` with step 1, or such an index plus (or minus)
-    one number (transformers' StaticCache writes at `arange(new tokens) + cumulative_length`)."""
+    ...: a constant run, one element, `range_1d` with step 1, or such an index plus one number
+    (transformers' StaticCache writes at `arange(new tokens) + cumulative_length`)."""
     if var.val is not None:
         values = np.asarray(var.val).reshape(-1)
         return bool(np.all(np.diff(values) == 1))
@@ -391,12 +391,8 @@ def _consecutive(var) -> bool:
         return False  # a model input: any positions
     if op.op_type == "range_1d":
         return op.step.val is not None and int(op.step.val) == 1
-    if op.op_type == "cast":
-        return types.is_int(op.x.dtype) and _consecutive(op.x)
     if op.op_type == "add":
         return (_consecutive(op.x) and _one_element(op.y)) or (_consecutive(op.y) and _one_element(op.x))
-    if op.op_type == "sub":
-        return _consecutive(op.x) and _one_element(op.y)
     return False
 
 
@@ -418,8 +414,8 @@ def _index_put_at_one_axis(original: Converter) -> Converter:
         given = [(axis, name) for axis, name in enumerate(indices) if name is not None]
         if _literal(context, accumulate) or len(given) != 1 or len(given) == len(indices):
             return original(context, node)
-        axis, name = given[0]
-        x, positions, values = context[node.inputs[0]], context[name], context[node.inputs[2]]
+        axis, index_name = given[0]
+        x, positions, values = context[node.inputs[0]], context[index_name], context[node.inputs[2]]
         if positions.rank != 1 or not types.is_int(positions.dtype):
             return original(context, node)
         dtype = x.dtype
@@ -432,7 +428,7 @@ def _index_put_at_one_axis(original: Converter) -> Converter:
             values = pymil_broadcast_to(values, sizes, f"{node.name}_values")
         size = pymil_value_at(mb.shape(x=x), axis) if is_symbolic(x.shape[axis]) else np.int32(x.shape[axis])
         index = mb.select(cond=mb.less(x=positions, y=np.int32(0)), a=mb.add(x=positions, y=size), b=positions)
-        name = f"{node.name}_as_int32" if types.is_bool(dtype) else node.name
+        result_name = f"{node.name}_as_int32" if types.is_bool(dtype) else node.name
         if is_current_opset_version_compatible_with(AvailableTarget.iOS18) and _consecutive(positions):
             zeros = [np.zeros(1, np.int32)] * x.rank
             first = mb.slice_by_index(x=index, begin=[0], end=[1])
@@ -441,10 +437,10 @@ def _index_put_at_one_axis(original: Converter) -> Converter:
             masks = [i != axis for i in range(x.rank)]
             result = mb.slice_update(
                 x=x, update=values, begin=begin, end=mb.add(x=begin, y=length),
-                begin_mask=masks, end_mask=masks, name=name,
+                begin_mask=masks, end_mask=masks, name=result_name,
             )
         else:
-            result = mb.scatter(data=x, indices=index, updates=values, axis=axis, mode="update", name=name)
+            result = mb.scatter(data=x, indices=index, updates=values, axis=axis, mode="update", name=result_name)
         if types.is_bool(dtype):
             result = mb.cast(x=result, dtype="bool", name=node.name)
         context.add(result, torch_name=node.name)
