@@ -128,11 +128,6 @@ def _weight_only_linear():
 
 
 # Why locate cannot name the node yet, for the cases where it cannot (their tests are strict xfails).
-BOUNDARY_CAST = (
-    "the cut reads the node's value at the delegate's boundary, where the runtime gives it in the "
-    "dtype the program declares (a float the payload computed comes back cast to the integer torch "
-    "gives), so the fault shows first at the node reading it; needs the MLX payload taps"
-)
 REFUSED_PAYLOAD = (
     "the reference runner refuses to run the payload the fix-off conversion makes, so locate has no "
     "value to compare (it raises with the runner's error)"
@@ -213,10 +208,10 @@ CASES: tuple[Case, ...] = (
          "value of its own to compare), not the sort"),
     Case("mlx", "copy_source_like_destination",
          _seeded(lambda: (Fn(lambda y, x: (y + 1).copy_(x * 2) * 2), (torch.zeros(2, 4, dtype=torch.int32), torch.randn(2, 4)))),
-         "aten_copy_default", "aten.copy.default", xfail=BOUNDARY_CAST),
+         "aten_copy_default", "aten.copy.default"),
     Case("mlx", "integer_floor_division",
          _seeded(lambda: (Fn(lambda x: torch.div(x * 3, 2, rounding_mode="floor") * 2 + 1), (torch.arange(8).reshape(2, 4),))),
-         "aten_div_tensor_mode", "aten.div.Tensor_mode", xfail=BOUNDARY_CAST),
+         "aten_div_tensor_mode", "aten.div.Tensor_mode"),
     Case("mlx", "same_rank_single_index",
          _seeded(lambda: (Fn(lambda x, i: (x * 2)[i].sum() + 1), (torch.randn(4, 4), torch.tensor([[0, 3, 1, 2]])))),
          "aten_index_tensor", "aten.index.Tensor",

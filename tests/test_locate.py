@@ -57,12 +57,15 @@ def test_coreml_tanh_gelu_fix_off_is_located_at_the_gelu_inside_the_payload():
     assert location.stage == "lower"
     d = location.divergence
     assert (d.node, d.op, d.module) == ("aten_gelu_default", "aten.gelu.default", "g (GELU)")
+    # Read through the Core ML hook, which names the MIL op: the exact GELU stock converts it to.
+    assert d.payload_op == "gelu (mode EXACT)"
     assert _at_forward(d, LinearGelu), d.source
-    assert d.delegate.endswith("(CoreMLBackend)") and d.found_by.startswith("cutting the delegate")
+    assert d.delegate.endswith("(CoreMLBackend)") and d.found_by == "the CoreMLBackend payload's intermediate values"
     assert d.output_error > d.tolerance and all(e is not None and e <= d.tolerance for _, e in d.input_errors)
     assert [s.node for s in location.path][-1] == "aten_gelu_default" and location.path[0].node == "x"
     text = location.describe()
     assert "first diverging node: aten_gelu_default (aten.gelu.default)" in text and "g (GELU)" in text
+    assert "payload op: gelu (mode EXACT)" in text
 
 
 def test_without_a_fault_every_stage_agrees():
@@ -137,7 +140,7 @@ def test_a_backend_that_reads_its_payload_values_is_asked_instead_of_cut(monkeyp
     module, inputs = model()
     asked = []
 
-    def values(processed, given, named_data):
+    def values(processed, given, named_data, program=None):
         """As a payload whose tanh computes sigmoid would report its values."""
         asked.append((len(processed), len(given)))
         x = given[0] @ module.a.weight.T + module.a.bias

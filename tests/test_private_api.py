@@ -48,6 +48,9 @@ PRIVATE_ATTRIBUTES = frozenset(
         "_nearest_source_indices",
         "_UNSUPPORTED_OP_TARGETS",
         "_is_arg_min_max_over_flattened_input",
+        "_mark_node_supported",  # MLXProgramBuilder's, for compiler.backends.mlx.taps
+        "_slot_to_final_tid",
+        "_chains",
         # coremltools
         "_TORCH_OPS_REGISTRY",
     }

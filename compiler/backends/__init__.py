@@ -33,17 +33,22 @@ def delegate_runner(delegate_id: str):
 
 
 # Delegate id -> "module:function" that reads a payload's intermediate values:
-#   intermediate_values(processed: bytes, inputs: Sequence[Tensor], named_data: Mapping[str, bytes])
-#       -> dict[str, Tensor]
+#   intermediate_values(processed: bytes, inputs: Sequence[Tensor], named_data: Mapping[str, bytes],
+#                       program: ExportedProgram | None = None) -> compiler.backends.taps.PayloadValues
 # `processed` the payload, `inputs` the delegate call's inputs, `named_data` the data the payload's
-# lowering stored outside it (key -> bytes); the result is keyed by the names of the Edge nodes the
-# payload's ops came from (the delegate's original program's node names), each the value of that
-# node as the payload computes it. `compiler.tools.locate` reads values inside a payload through it;
-# for a delegate without one (XNNPACK) it cuts the delegate instead. An entry whose module has no
-# such function yet counts as absent.
+# lowering stored outside it (key -> bytes), `program` the delegate's original program
+# (`LoweredBackendModule.original_module`: its node names, dtypes and outputs; MLX payloads keep no
+# names and need it, Core ML's then also match nodes through debug handles). The result is a dict
+# keyed by the names of the Edge nodes the payload's ops came from (the delegate's original
+# program's node names), each the value of that node as the payload computes it, in the node's
+# dtype unless the payload computes another kind of number (`compiler.backends.taps.node_value`);
+# its `ops` maps the same names to the payload ops that compute each ("gelu (mode EXACT)").
+# `compiler.tools.locate` reads values inside a payload through it; for a delegate without one
+# (XNNPACK), or whose function raises a CompileError, it cuts the delegate instead. An entry whose
+# module has no such function yet counts as absent.
 INTERMEDIATE_VALUES: dict[str, str] = {
-    "CoreMLBackend": "compiler.backends.coreml.reference:intermediate_values",
-    "MLXBackend": "compiler.backends.mlx.reference:intermediate_values",
+    "CoreMLBackend": "compiler.backends.coreml.taps:intermediate_values",
+    "MLXBackend": "compiler.backends.mlx.taps:intermediate_values",
 }
 
 

@@ -372,6 +372,36 @@ def mlx_nearest_source_indices(in_size: int, out_size: int, scale: float | None)
     return _nearest_source_indices(in_size, out_size, scale)
 
 
+def mlx_build_recording_nodes(program: ExportedProgram, named_data_key_prefix: str) -> tuple[Any, dict, dict]:
+    """Build `program` with stock's `MLXProgramBuilder` as `MLXBackend.preprocess` does, and
+    record what the payload does not keep: (the MLXGraph, node name -> how many main-chain
+    instructions had been emitted when the builder marked the node handled (its handler's are
+    those since the previous mark), node name -> its final tensor slot). Which node a slot and
+    an instruction stand for exists only inside the builder: its per-node hook
+    (`_mark_node_supported`), its chains (`_chains`, main first) and its slot numbering
+    (`_slot_to_final_tid`) are private. Checked against executorch 1.5.1."""
+    from executorch.backends.mlx.builder.program_builder import MLXProgramBuilder
+    from executorch.backends.mlx.builder.slot_manager import IdType
+
+    marked: dict[str, int] = {}
+
+    class RecordingBuilder(MLXProgramBuilder):
+        def _mark_node_supported(self, node, *, handler=None):
+            marked.setdefault(node.name, len(self._chains[0]))
+            super()._mark_node_supported(node, handler=handler)
+
+    builder = RecordingBuilder(program, named_data_key_prefix=named_data_key_prefix)
+    graph = builder.build()
+    tids = {}
+    for name, slot in builder.slot_manager.name_to_slot.items():
+        if isinstance(slot, tuple) or slot.id_type != IdType.Tensor:
+            continue
+        tid = builder._slot_to_final_tid.get(slot)
+        if tid is not None:
+            tids[name] = tid
+    return graph, marked, tids
+
+
 # --- Core ML delegate (executorch.backends.apple.coreml) and coremltools -----------
 
 

@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from compiler import backends
+from compiler.ir.errors import CompileError
 from compiler.tools.locate import compare, cut, nodes, stages
 from compiler.tools.locate.programs import run_eager, run_exported, user_leaves
 from compiler.tools.locate.report import Divergence, Location, StageError, Step
@@ -128,8 +129,12 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
         named = dict(getattr(lowered.named_data_store_output, "pte_data", None) or {})
         buffers = getattr(lowered.named_data_store_output, "buffers", None) or []
         data = {key: bytes(buffers[entry.buffer_index]) for key, entry in named.items()}
-        values = hook(lowered.processed_bytes, given, data)
-        found_by = f"the {lowered.backend_id} payload's intermediate values"
+        try:
+            values = hook(lowered.processed_bytes, given, data, program=lowered.original_module)
+            found_by = f"the {lowered.backend_id} payload's intermediate values"
+        except CompileError as exc:  # the hook cannot read this payload: cut it instead
+            logger.info("locate: %s cannot read its payload's values (%s); cutting it", lowered.backend_id, exc.reason)
+            values, found_by = None, None
     else:
         values, found_by = None, None
     split = result.stages.get("split_constants")
@@ -168,4 +173,5 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
     divergence = nodes.divergence_at(
         node, errors, [good, *sources], f"against the {good_name} program's {node.name}", found_by, delegate,
     )
-    return divergence, nodes.steps(route, errors), None
+    payload_op = getattr(values, "ops", {}).get(node.name)  # what the hook says computes it
+    return attrs.evolve(divergence, payload_op=payload_op), nodes.steps(route, errors), None

@@ -64,6 +64,7 @@ class Divergence:
     delegate: str | None = None  # "<delegate call node> (<backend id>)" when found inside a payload
     found_by: str = "node values"  # how its value was read
     reference: str = ""  # the program its value was compared with
+    payload_op: str | None = None  # inside a payload: the op(s) computing it there ("gelu (mode EXACT)")
 
 
 @attrs.frozen
@@ -103,6 +104,8 @@ class Location:
             if d.module:
                 lines.append(f"  module: {d.module}")
             lines.append(f"  found by: {d.found_by}")
+            if d.payload_op:
+                lines.append(f"  payload op: {d.payload_op}")
         if self.path:
             lines.append("path from the inputs:")
             lines += [f"  {step.text()}" for step in self.path]
