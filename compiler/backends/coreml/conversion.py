@@ -53,17 +53,11 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+import coremltools as ct
 from coremltools.converters.mil import Builder as mb
-from coremltools.converters.mil._deployment_compatibility import AvailableTarget
-from coremltools.converters.mil.frontend._utils import (
-    maybe_replace_symbols_with_source_tensor_shape_variables,
-    pymil_broadcast_to,
-    pymil_value_at,
-)
 from coremltools.converters.mil.frontend.torch.ops import promote_input_dtypes
 from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.block import is_current_opset_version_compatible_with
-from coremltools.converters.mil.mil.types.symbolic import is_symbolic
 
 from compiler.backends.coreml import fixes
 from compiler.ir.private_api import coreml_converters, swap_coreml_converters
@@ -396,6 +390,18 @@ def _consecutive(var) -> bool:
     return False
 
 
+def _as_written(values, x, positions, axis: int):
+    """`values` broadcast to the shape index_put writes, x's with the positions' length at `axis`
+    (`values - 0`: -0.0 stays -0.0)."""
+    whole = mb.shape(x=x)
+    parts = [mb.slice_by_index(x=whole, begin=[0], end=[axis])] if axis else []
+    parts.append(mb.shape(x=positions))
+    if axis + 1 < x.rank:
+        parts.append(mb.slice_by_index(x=whole, begin=[axis + 1], end=[x.rank]))
+    zeros = mb.fill(shape=mb.concat(values=parts, axis=0), value=_zero_like(values))
+    return mb.sub(x=values, y=zeros)
+
+
 def _index_put_at_one_axis(original: Converter) -> Converter:
     """`x[:, :, index] = values` (index_put with one 1-D integer index beside whole slices) is
     converted as one slice_update from the index's first position when the MIL program shows its
@@ -422,14 +428,12 @@ def _index_put_at_one_axis(original: Converter) -> Converter:
         if types.is_bool(dtype):  # neither slice_update nor scatter takes bool data
             x = mb.cast(x=x, dtype="int32")
         values = mb.cast(x=values, dtype=types.builtin_to_string(x.dtype)) if values.dtype != x.dtype else values
-        shape = list(x.shape[:axis]) + list(positions.shape) + list(x.shape[axis + 1 :])
-        if tuple(values.shape) != tuple(shape):
-            sizes = maybe_replace_symbols_with_source_tensor_shape_variables(shape, [positions, x])
-            values = pymil_broadcast_to(values, sizes, f"{node.name}_values")
-        size = pymil_value_at(mb.shape(x=x), axis) if is_symbolic(x.shape[axis]) else np.int32(x.shape[axis])
+        if tuple(values.shape) != (*x.shape[:axis], *positions.shape, *x.shape[axis + 1 :]):
+            values = _as_written(values, x, positions, axis)
+        size = mb.slice_by_index(x=mb.shape(x=x), begin=[axis], end=[axis + 1])
         index = mb.select(cond=mb.less(x=positions, y=np.int32(0)), a=mb.add(x=positions, y=size), b=positions)
         result_name = f"{node.name}_as_int32" if types.is_bool(dtype) else node.name
-        if is_current_opset_version_compatible_with(AvailableTarget.iOS18) and _consecutive(positions):
+        if is_current_opset_version_compatible_with(ct.target.iOS18) and _consecutive(positions):
             zeros = [np.zeros(1, np.int32)] * x.rank
             first = mb.slice_by_index(x=index, begin=[0], end=[1])
             begin = mb.concat(values=zeros[:axis] + [first] + zeros[axis + 1 :], axis=0)
