@@ -634,8 +634,13 @@ def compile_methods(
         instruments = instruments_for(top)
         if output is not None:
             instruments.insert(0, StageMessages(output))
+        lowered = {name: result.artifact for name, result in results.items()}
+        if emit_config.backend == "coreml":  # weights the methods share, in one multifunction model
+            from compiler.backends.coreml import multifunction
+
+            lowered = multifunction.share_weights(lowered)
         emitted = Pipeline([EmitMethods()]).execute(
-            LoweredMethods({name: result.artifact for name, result in results.items()}),
+            LoweredMethods(lowered),
             backends.resolve(emit_config.backend, emit_config.backend_options),
             emit_config,
             instruments,

@@ -222,6 +222,16 @@ def constants_kept(program: ExportedProgram) -> Iterator[None]:
 # --- Serialized programs (executorch.exir._serialize) ------------------------------
 
 
+def named_data_store() -> Any:
+    """A new ExecuTorch `NamedDataStore` (`executorch.exir._serialize._named_data_store`): the
+    only way to make the named data a `LoweredBackendModule` carries into the program it is
+    emitted in (stock's Core ML multimethod preprocess stores its multifunction models with it).
+    Checked against executorch 1.5.1."""
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+
+    return NamedDataStore()
+
+
 def deserialize_pte(pte: bytes) -> Any:
     """The flatbuffer contents of a `.pte` (program, named data, mutable data); ExecuTorch's
     only reader is `executorch.exir._serialize._program.deserialize_pte_binary`.

@@ -104,41 +104,42 @@ def input_size_ranges(payload: bytes) -> dict[str, list[tuple[int, int]]]:
 
 
 def read_model(payload: bytes) -> CoreMLModel:
-    """Unpack one Core ML delegate payload and read its MIL program."""
+    """Unpack one Core ML delegate payload and read its MIL program (the ops of every function of
+    a multifunction model, one function after another in name order)."""
     spec = _spec(payload)
-    function = spec.mlProgram.functions["main"]
-    block = function.block_specializations[function.opset]
     ops = []
-    for op in block.operations:
+    for function_name in sorted(spec.mlProgram.functions):
+        function = spec.mlProgram.functions[function_name]
+        ops += _read_ops(function.block_specializations[function.opset].operations)
+    return CoreMLModel(
+        inputs=tuple(i.name for i in spec.description.input),
+        outputs=tuple(o.name for o in spec.description.output),
+        ops=tuple(ops),
+        specification_version=spec.specificationVersion,
+    )
+
+
+def _read_ops(operations) -> list[MilOp]:
+    """One function's ops, the constants they read by name (const ops) resolved into them."""
+    const_values = {
+        name: _constant(op.attributes["val"]) if "val" in op.attributes else None
+        for op in operations
+        if op.type == "const"
+        for name in [o.name for o in op.outputs]
+    }
+    ops = []
+    for op in operations:
         constants = {}
         for name, argument in op.inputs.items():
             for binding in argument.arguments:
                 if binding.HasField("value"):
                     constants[name] = _constant(binding.value)
+                elif binding.HasField("name") and binding.name in const_values:
+                    constants[name] = const_values[binding.name]
         outputs = {out.name: _dtype_name(out.type) for out in op.outputs}
         ops.append(MilOp(op.type, op.attributes["name"].immediateValue.tensor.strings.values[0]
                          if "name" in op.attributes else "", constants, outputs))
-    # Constants passed by name (const ops) are resolved into the ops that read them.
-    const_values = {
-        name: _constant(op.attributes["val"]) if "val" in op.attributes else None
-        for op in block.operations
-        if op.type == "const"
-        for name in [o.name for o in op.outputs]
-    }
-    resolved = []
-    for op, proto in zip(ops, block.operations):
-        constants = dict(op.constants)
-        for name, argument in proto.inputs.items():
-            for binding in argument.arguments:
-                if binding.HasField("name") and binding.name in const_values:
-                    constants[name] = const_values[binding.name]
-        resolved.append(attrs.evolve(op, constants=constants))
-    return CoreMLModel(
-        inputs=tuple(i.name for i in spec.description.input),
-        outputs=tuple(o.name for o in spec.description.output),
-        ops=tuple(resolved),
-        specification_version=spec.specificationVersion,
-    )
+    return ops
 
 
 # MIL ops that compute f(x + epsilon) with a nonzero default epsilon (inverse 1e-4, rsqrt
@@ -162,18 +163,43 @@ def payload_adds_no_epsilon(payload: bytes) -> list[str]:
     return ops_adding_an_epsilon(read_model(payload))
 
 
+# A delegate's processed bytes that name a model stored as the program's named data instead of
+# holding it: "CMJR" and JSON {"version": 1, "key": ..., "functionName": ...}, the format stock's
+# multimethod preprocess writes and ExecuTorch's Core ML runtime reads (a multifunction model, one
+# function per method).
+REFERENCE_MAGIC = b"CMJR"
+
+
+def reference(key: str, function: str) -> bytes:
+    """The processed bytes of a delegate running `function` of the model stored under `key`."""
+    return REFERENCE_MAGIC + json.dumps({"version": 1, "key": key, "functionName": function}).encode()
+
+
+def read_reference(processed: bytes) -> dict | None:
+    """The reference these processed bytes hold (key, functionName), or None for a payload."""
+    return json.loads(processed[len(REFERENCE_MAGIC):]) if processed[:len(REFERENCE_MAGIC)] == REFERENCE_MAGIC else None
+
+
 def coreml_payloads(pte: bytes) -> Iterator[bytes]:
-    """The Core ML delegate payloads of a `.pte`, in execution-plan order."""
-    program = deserialize_pte(pte).program
+    """The Core ML delegate payloads of a `.pte`, in execution-plan order; a model several
+    delegates reference (a multifunction model of several methods) once, at its first."""
+    pte_file = deserialize_pte(pte)
+    program, named = pte_file.program, pte_file.named_data
+    seen: set[str] = set()
     for plan in program.execution_plan:
         for delegate in plan.delegates:
             if delegate.id != BACKEND_ID:
                 continue
             data = delegate.processed
-            if data.location.name == "INLINE" or int(data.location) == 0:
-                yield bytes(program.backend_delegate_data[data.index].data)
-            else:  # segment data (not written by the default emit config)
+            if not (data.location.name == "INLINE" or int(data.location) == 0):  # not by the default emit config
                 raise NotImplementedError("Core ML payload stored in a segment")
+            processed = bytes(program.backend_delegate_data[data.index].data)
+            link = read_reference(processed)
+            if link is None:
+                yield processed
+            elif link["key"] not in seen:
+                seen.add(link["key"])
+                yield bytes(named.buffers[named.pte_data[link["key"]].buffer_index])
 
 
 def read_models(pte: bytes) -> list[CoreMLModel]:

@@ -6,7 +6,10 @@ way ExecuTorch's Core ML delegate binds it: the call's first arguments are the m
 inputs in the payload's `metadata.json` order (`inputNames`), the rest its outputs
 (`outputNames`); each input is converted to the dtype the model declares and each output
 back to the program's tensor (the runtime copies through `MLMultiArray`s). Core ML state
-starts at zero, as `MLModel.newState` allocates it, and carries from call to call.
+starts at zero, as `MLModel.newState` allocates it, and carries from call to call. A delegate
+whose payload is a reference to a model stored as the program's named data (a multifunction
+model of several methods, `multifunction.py`) runs the function the reference names, with that
+function's input and output names from the model's metadata, as the runtime does.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import torch
 
 from compiler.backends.coreml.interpreter import STAGE, MilInterpreter, MilInterpreterError, load_payload
+from compiler.backends.coreml.payload import read_reference
 
 
 class AliasedPayloadOutput(MilInterpreterError):
@@ -27,8 +31,11 @@ class AliasedPayloadOutput(MilInterpreterError):
 
 class CoreMLDelegate:
     def __init__(self, payload: bytes, executor: Any = None) -> None:
-        program, metadata = load_payload(payload)
-        self.interpreter = MilInterpreter(program)
+        link = read_reference(payload)
+        function = "main" if link is None else link["functionName"]
+        program, metadata = load_payload(payload if link is None else bytes(executor.named_data[link["key"]]))
+        metadata = metadata if link is None else {**metadata, **metadata["methods"][function]}
+        self.interpreter = MilInterpreter(program, function)
         self.input_names = list(metadata.get("inputNames", self.interpreter.input_names))
         self.output_names = list(metadata.get("outputNames", self.interpreter.output_names))
         self.identifier = metadata.get("identifier", "?")
