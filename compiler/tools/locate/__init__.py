@@ -9,6 +9,8 @@ to the tolerance for what it computes in. By node (`nodes.py`): the diverging st
 and the last good stage's, node by node, matched through provenance. Inside a delegate: the
 backend's `intermediate_values` hook (`compiler.backends.intermediate_values`) where it has
 one, else a cut (`cut.py`): the partition lowered again with the suspect node as an output.
+Inside the emitted program (a runtime CPU kernel computing otherwise than torch): a cut too
+(`emitted.py`), the lowered program emitted again with the suspect node as an output.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from compiler import backends
 from compiler.ir.errors import CompileError
-from compiler.tools.locate import compare, cut, nodes, stages
+from compiler.tools.locate import compare, cut, emitted, nodes, stages
 from compiler.tools.locate.programs import run_eager, run_exported, user_leaves
 from compiler.tools.locate.report import Divergence, Location, StageError, Step
 
@@ -95,10 +97,10 @@ def _locate(result: Any, model: torch.nn.Module, inputs: Any, backend: Any) -> L
             "between programs, and eager has none to compare with"
         )
         return Location(name, found.rows, found.first_bad, note=note, seconds=time.perf_counter() - start)
-    if found.first_bad == "emit":
-        note = ("the lowered program agrees with eager and the emitted one does not: the emitter or memory "
-                "planning (run the .pte with the reference executor to compare instruction by instruction)")
-        return Location(name, found.rows, "emit", note=note, seconds=time.perf_counter() - start)
+    if found.first_bad == "emit":  # the runtime's own CPU kernels, or the emitter: cut the emitted program
+        backend_obj = backend or backends.resolve(name, result.config.backend_options)
+        divergence, path, note = emitted.inside(result, backend_obj, inputs, dtype, _sources(result))
+        return Location(name, found.rows, "emit", divergence, path, note, time.perf_counter() - start)
     good = result.stages[found.last_good].program
     bad = result.stages[found.first_bad].program
     good_run = run_exported(good, inputs, keep=True)

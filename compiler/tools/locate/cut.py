@@ -6,6 +6,10 @@ returns that value, and running the lowered program gives it as the payload comp
 binary search over the partition's nodes (topological order, the diverging output's ancestors
 only) finds the first whose value leaves the tolerance in about log2(n) lowerings; one more
 lowering with the whole path to it as outputs gives the chain of errors.
+
+The same cut opens the emitted program (`EMIT`): the lowered program with a CPU node's value as
+an extra output is emitted again and run whole under the runtime, so the value is the one the
+runtime's kernel computed (`emitted.py`).
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ import torch
 from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
 
 from compiler.ir.graph import DELEGATION_TAG
-from compiler.tools.locate.programs import run_exported
+from compiler.tools.locate.programs import run_exported, run_pte
 from compiler.tools.locate.nodes import delegate_outputs
 
 logger = logging.getLogger(__name__)
 
 
 def with_outputs(split: Any, names: Sequence[str]) -> Any:
-    """A copy of the split_constants artifact whose program also returns the nodes `names`."""
+    """A copy of the artifact (split_constants' or lower's) whose program also returns the nodes
+    `names`, after its own outputs."""
     program = copy.deepcopy(split.program)
     nodes = {n.name: n for n in program.graph.nodes}
     output = program.graph.output_node()
@@ -39,8 +44,25 @@ def with_outputs(split: Any, names: Sequence[str]) -> Any:
     return attrs.evolve(split, program=program)
 
 
+@attrs.frozen
+class Span:
+    """The stages a cut runs again: after `after`, up to and including `until`."""
+
+    after: str
+    until: str
+
+
+LOWER = Span("split_constants", "lower")  # a delegate cut: the partition lowered again
+EMIT = Span("lower", "emit")  # an emitted program cut: the lowered program emitted again
+
+
 def lower(split: Any, backend: Any, config: Any) -> Any:
     """The lower stage alone on `split`, without verification (the cut's program is ours)."""
+    return restage(split, backend, config, LOWER)
+
+
+def restage(artifact: Any, backend: Any, config: Any, span: Span) -> Any:
+    """The stages of `span` alone on `artifact`, without verification (the cut's program is ours)."""
     from compiler.driver.config import DriverOptions
     from compiler.driver.instruments import instruments_for
     from compiler.driver.pipeline import Pipeline
@@ -49,49 +71,61 @@ def lower(split: Any, backend: Any, config: Any) -> Any:
 
     with DependencyOutput():
         result = Pipeline(default_stages()).execute(
-            split, backend, config, instruments_for(DriverOptions(verify=False, reproducer=False)),
-            start_after="split_constants", stop_after="lower",
+            artifact, backend, config, instruments_for(DriverOptions(verify=False, reproducer=False)),
+            start_after=span.after, stop_after=span.until,
         )
     return result.artifact
 
 
 @attrs.frozen
 class Cut:
-    """Values of nodes inside a delegate, as its payload computes them, by re-lowering."""
+    """Values of nodes inside a delegate, as its payload computes them, by re-lowering `split`
+    (span LOWER); or of CPU nodes, as the runtime's kernels compute them, by emitting the lowered
+    program `split` again and running the `.pte` (span EMIT)."""
 
     split: Any
     backend: Any
     config: Any
     inputs: tuple
     lowerings: list = attrs.field(factory=list)  # (names probed, seconds), for the report
+    span: Span = LOWER
 
     def values(self, names: Sequence[str]) -> dict[str, Any]:
         import time
 
         start = time.perf_counter()
-        lowered = lower(with_outputs(self.split, names), self.backend, self.config)
-        run = run_exported(lowered.program, self.inputs, keep=True)
-        back = delegate_outputs(lowered.program)
-        found = {back[n]: v for n, v in run.values.items() if n in back}
+        made = restage(with_outputs(self.split, names), self.backend, self.config, self.span)
+        if self.span == EMIT:
+            outputs = run_pte(made, self.inputs).outputs  # the names' values come last
+            found = dict(zip(names, outputs[len(outputs) - len(names):])) if len(outputs) >= len(names) else {}
+        else:
+            run = run_exported(made.program, self.inputs, keep=True)
+            back = delegate_outputs(made.program)
+            found = {back[n]: v for n, v in run.values.items() if n in back}
         self.lowerings.append((tuple(names), time.perf_counter() - start))
-        logger.info("locate: cut at %s in %.1f s", ", ".join(names), time.perf_counter() - start)
+        logger.info("locate: cut at %s in %.1f s (%s)", ", ".join(names), time.perf_counter() - start, self.span.until)
         return {name: found[name] for name in names if name in found}
 
 
 def candidates(split_program: Any, tag: str, diverging: str) -> list[torch.fx.Node]:
     """The partition's computed nodes that `diverging` depends on (itself included), in order."""
-    nodes = {n.name: n for n in split_program.graph.nodes}
-    ancestors, frontier = set(), [nodes[diverging]]
+    return ancestors(split_program, diverging, lambda n: n.meta.get(DELEGATION_TAG) == tag)
+
+
+def ancestors(program: Any, diverging: str, keep: Callable[[torch.fx.Node], bool]) -> list[torch.fx.Node]:
+    """The computed nodes (a tensor each) that `diverging` depends on (itself included) and
+    `keep` takes, in the program's order."""
+    nodes = {n.name: n for n in program.graph.nodes}
+    seen, frontier = set(), [nodes[diverging]]
     while frontier:
         node = frontier.pop()
-        if node.name in ancestors:
+        if node.name in seen:
             continue
-        ancestors.add(node.name)
+        seen.add(node.name)
         frontier += node.all_input_nodes
     return [
-        n for n in split_program.graph.nodes
-        if n.name in ancestors and n.op == "call_function" and n.meta.get(DELEGATION_TAG) == tag
-        and isinstance(n.meta.get("val"), torch.Tensor)
+        n for n in program.graph.nodes
+        if n.name in seen and n.op == "call_function" and keep(n) and isinstance(n.meta.get("val"), torch.Tensor)
     ]
 
 
