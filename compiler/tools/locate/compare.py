@@ -1,7 +1,8 @@
 """Errors between two values and the tolerance they are held to: the check's own rule
 (`compiler.running.runtime.default_tolerance`), asked for what the program at hand computes
 in, so a stage that computes in float32 is held to float32's tolerance even when the lowered
-program computes in float16."""
+program computes in float16; and, for a quantized program, plus the check's allowance for its
+activation quantizers rounding one step otherwise (`activation_allowance`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from compiler.running.activation_steps import ActivationSteps, activation_steps, quantizes_activations
 from compiler.running.runtime import default_tolerance
 from compiler.running.tolerance import Tolerance
 from compiler.tools.locate.programs import ProgramRun, least_precise
@@ -65,16 +67,43 @@ class Compared:
         return all(e is not None for e in self.errors) and self.max_error <= self.tolerance.absolute
 
 
-def outputs(run: ProgramRun, expected: Sequence[Any], dtype: torch.dtype) -> Compared:
-    """A stage's outputs against eager's, at the tolerance for what the stage computes in; an
-    integer output must match exactly, as in the check."""
+def activation_allowance(reference: torch.nn.Module, inputs: Sequence[Any], expected: Sequence[Any]) -> ActivationSteps | None:
+    """For an eager quantized `reference` that quantizes activations: what moving each of its
+    activation quantizers' results one step does to its outputs (`expected`, on `inputs`), the
+    allowance the check (`compare_at`) adds to its tolerance; None for any other model."""
+    if not quantizes_activations(reference):
+        return None
+    buffers = list(reference.buffers())
+    before = [b.clone() for b in buffers]
+
+    def rewind() -> None:
+        with torch.no_grad():
+            for buffer, value in zip(buffers, before):
+                buffer.copy_(value)
+
+    try:
+        return activation_steps(reference, inputs, [t for t in expected if isinstance(t, torch.Tensor)], rewind)
+    finally:
+        rewind()
+
+
+def outputs(
+    run: ProgramRun, expected: Sequence[Any], dtype: torch.dtype, steps: ActivationSteps | None = None
+) -> Compared:
+    """A stage's outputs against eager's, at the tolerance for what the stage computes in (plus
+    the activation quantizers' `steps`, when given); an integer output must match exactly, as in
+    the check."""
     got = list(run.outputs)
+    chosen = tolerance(run, dtype, got, expected)
+    if steps is not None:
+        chosen = chosen.with_activation_steps(steps.deviation, steps.quantizers, (steps.smallest, steps.largest),
+                                              steps.draws)
     if len(got) != len(expected):
-        return Compared(tuple(None for _ in expected), tolerance(run, dtype, got, expected))
+        return Compared(tuple(None for _ in expected), chosen)
     errors = []
     for g, w in zip(got, expected):
         e = error(g, w)
         if e is not None and isinstance(w, torch.Tensor) and not (w.is_floating_point() or w.is_complex()) and e:
             e = float("inf")  # an integer off by anything fails
         errors.append(e)
-    return Compared(tuple(errors), tolerance(run, dtype, got, expected))
+    return Compared(tuple(errors), chosen)

@@ -1,6 +1,10 @@
 """Bisection by stage: every kept stage's program run on the same inputs as eager, each held to
 the tolerance for what it computes in, the first one outside it named.
 
+For a quantized program the reference is the eager quantized model, and each stage's tolerance
+has the check's allowance for its activation quantizers rounding one step otherwise (XNNPACK's
+own dynamic scales): a program that passes `--check` is not reported as diverging.
+
 Stages never change their input (the `stage_input_kept` invariant), so each kept artifact still
 computes what its stage made. A stage that handed on the program before it (fold with nothing
 to fold, the dry run) is not run twice.
@@ -46,6 +50,10 @@ def by_stage(
     stages: Mapping[str, Any], expected: Sequence[Any], inputs: Sequence[Any], dtype: torch.dtype
 ) -> StageBisection:
     """Each kept stage's outputs against `expected` (eager's) on `inputs`."""
+    quantized = stages.get("quantize")
+    steps = None
+    if isinstance(quantized, EagerModel) and quantized.float_module is not None:
+        steps = compare.activation_allowance(quantized.module, inputs, expected)
     rows: list[StageError] = []
     runs: dict[str, ProgramRun] = {}
     first_bad = last_good = None
@@ -67,7 +75,7 @@ def by_stage(
             logger.debug("stage %s: a %s is not run", name, type(artifact).__name__)
             continue
         runs[name] = run
-        compared = compare.outputs(run, expected, dtype)
+        compared = compare.outputs(run, expected, dtype, steps)
         worst = None if any(e is None for e in compared.errors) else compared.max_error
         rows.append(StageError(name, _how(artifact, run), worst, compared.tolerance.absolute, compared.tolerance.rule,
                                compared.passed))
