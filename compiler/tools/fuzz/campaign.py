@@ -5,6 +5,12 @@ counted once, as drawn; the first program of each new kind of failure is then
 shrunk by hypothesis to the smallest program failing the same way, and written,
 like every failing program, as a standalone reproducer.
 
+Every wrong result of ours is located (`place.py`, `compiler.locate`): the shrunk program when
+shrinking (the drawn programs failing the same way take its location), else the program as
+drawn. The finding's record keeps the Location's JSON (or the error locate raised), its
+reproducer file and the campaign's details say it in a paragraph, and with an output directory
+`<backend>-<seed>-findings.json` holds every finding's record.
+
 With `quantize`, every program holds layers a scheme quantizes and is drawn with a
 scheme the backend takes (`programs.quantized_programs`); the table gains a column
 for programs off their eager quantized model by a tolerance question only.
@@ -13,7 +19,9 @@ for programs off their eager quantized model by a tolerance question only.
 from __future__ import annotations
 
 import collections
+import json
 import os
+import textwrap
 import re
 from typing import Callable
 
@@ -22,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import FlakyFailure
 
 from compiler.stages import schemes
-from compiler.tools.fuzz import oracle
+from compiler.tools.fuzz import oracle, place
 from compiler.tools.fuzz.oracle import Outcome
 from compiler.tools.fuzz.programs import Program, programs, quantized_programs
 
@@ -36,6 +44,21 @@ class Case:
     ours: Outcome
     stock: Outcome | None
     reproducer: str | None = None
+    # For a wrong result of ours: where locate put it (Location.to_json()), or the error locate
+    # raised; the paragraph saying it; the program it was located on.
+    location: dict | None = None
+    locate_error: str | None = None
+    place: str | None = None
+    located_on: str | None = None
+
+    def record(self) -> dict:
+        """The finding as JSON."""
+        return {
+            "case": self.number, "source": self.program.source(), "reproducer": self.reproducer,
+            "ours": attrs.asdict(self.ours), "stock": attrs.asdict(self.stock) if self.stock else None,
+            "location": self.location, "locate_error": self.locate_error, "place": self.place,
+            "located_on": self.located_on,
+        }
 
 
 @attrs.define
@@ -88,7 +111,15 @@ class Campaign:
             )
             for (kind, detail), n in counts.most_common():
                 lines.append(f"{path:5} {n:4} x {kind}: {detail}")
+        for case in self.located:
+            what = f"shrunk {case.number}" if case in self.shrunk else f"case {case.number}"
+            lines.append(f"{what} ({case.reproducer or 'not written'}), on {case.located_on}: {case.place}")
         return "\n".join(lines)
+
+    @property
+    def located(self) -> list[Case]:
+        """The wrong results located on their own program (those of the same kind as a shrunk one take its place)."""
+        return [c for c in self.cases + self.shrunk if c.place is not None and c.located_on == place.ON_ITSELF]
 
 
 def describe(program: Program) -> str:
@@ -112,11 +143,16 @@ def write_reproducer(directory: str, name: str, case: Case, backend: str, campai
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{name}.py")
     program = case.program
+    located = ""
+    if case.place is not None:
+        on = "" if case.located_on == place.ON_ITSELF else f" (on {case.located_on})"
+        located = textwrap.fill(case.place + on, 100, initial_indent="# ", subsequent_indent="#   ") + "\n"
     header = (
         f"# Found by the fuzz campaign for backend {backend!r} with seed {campaign_seed} (case {case.number}).\n"
         + (f"# quantized: {describe(program)}\n" if program.quantization else "")
         + f"# ours:  {case.ours.kind}: {case.ours.detail}\n"
         + (f"# stock: {case.stock.kind}: {case.stock.detail}\n" if case.stock else "")
+        + located
     )
     footer = (
         f"\n\nBACKEND = {backend!r}\nCALLS = {program.calls}\n"
@@ -138,6 +174,44 @@ def _worth_keeping(case: Case) -> bool:
     return case.ours.kind in (*oracle.FAILURES, oracle.TOLERANCE) or (
         stock is not None and (stock.passed != case.ours.passed or stock.kind == oracle.WRONG)
     )
+
+
+def _locate(case: Case, backend: str) -> Case:
+    """`case` with where locate puts its wrong result (or the error locate raised)."""
+    placed = place.locate(case.program, backend)
+    return attrs.evolve(case, location=placed.location, locate_error=placed.error, place=placed.paragraph,
+                        located_on=place.ON_ITSELF)
+
+
+def _place_alike(campaign: Campaign, backend: str, out_dir: str | None) -> None:
+    """Each drawn wrong result not located yet takes the location of the shrunk program failing
+    the same way (located on its own when there is none); its reproducer says so."""
+    shrunk = {signature(c.ours): c for c in campaign.shrunk if c.place is not None}
+    for i, case in enumerate(campaign.cases):
+        if case.ours.kind != oracle.WRONG or case.place is not None:
+            continue
+        alike = shrunk.get(signature(case.ours))
+        if alike is None:
+            case = _locate(case, backend)
+        else:
+            case = attrs.evolve(case, location=alike.location, locate_error=alike.locate_error, place=alike.place,
+                                located_on=f"the shrunk program {alike.number} ({alike.reproducer or 'not written'})")
+        if case.reproducer:
+            write_reproducer(os.path.dirname(case.reproducer), os.path.basename(case.reproducer)[:-3], case,
+                             backend, campaign.seed)
+        campaign.cases[i] = case
+
+
+def write_findings(campaign: Campaign, directory: str) -> str:
+    """Every finding's record (our failures, drawn and shrunk) as one JSON file."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{campaign.backend}-{campaign.seed}-findings.json")
+    with open(path, "w") as f:
+        json.dump({
+            "backend": campaign.backend, "seed": campaign.seed, "programs": len(campaign.cases),
+            "failures": [c.record() for c in campaign.failures], "shrunk": [c.record() for c in campaign.shrunk],
+        }, f, indent=1, default=str)
+    return path
 
 
 class _Reproduced(Exception):
@@ -176,6 +250,8 @@ def fuzz(
                 return False
             stock = oracle.stock(program, backend, want) if with_stock else None
             case = Case(len(campaign.cases), program, ours, stock)
+            if ours.kind == oracle.WRONG and not shrink:
+                case = _locate(case, backend)
             if out_dir and _worth_keeping(case):
                 case = attrs.evolve(case, reproducer=write_reproducer(
                     out_dir, f"{backend}-{campaign_seed}-{case.number}", case, backend, campaign_seed))
@@ -210,6 +286,8 @@ def fuzz(
             test()
         except (_Reproduced, FlakyFailure):
             shrunk = attrs.evolve(last_failing[0], number=len(campaign.shrunk), stock=None)
+            if shrunk.ours.kind == oracle.WRONG:
+                shrunk = _locate(shrunk, backend)
             if out_dir:
                 shrunk = attrs.evolve(shrunk, reproducer=write_reproducer(
                     out_dir, f"{backend}-{campaign_seed}-shrunk-{shrunk.number}", shrunk, backend, campaign_seed))
@@ -217,4 +295,7 @@ def fuzz(
         else:
             if attempt > examples:  # hypothesis ran out of programs to draw
                 break
+    _place_alike(campaign, backend, out_dir)
+    if out_dir and (campaign.failures or campaign.shrunk):
+        write_findings(campaign, out_dir)
     return campaign
