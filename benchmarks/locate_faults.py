@@ -237,9 +237,7 @@ CASES: tuple[Case, ...] = (
     # --- the portable runtime's wrong CPU kernels (compiler/ir/kernels.py WRONG_KERNELS) ------------
     Case("cpu_kernels", "integer_remainder",
          _seeded(lambda: (Fn(lambda a, b: torch.remainder(a * 2, b) + 1), (torch.arange(-4, 4).reshape(2, 4), torch.tensor([3])))),
-         "aten_remainder_tensor", "aten.remainder.Tensor", stage="emit", default=True,
-         xfail="only the runtime's kernel is wrong: every stage's fx program computes torch's remainder, so "
-         "locate names stage emit and no node (it would need the .pte's values instruction by instruction)"),
+         "aten_remainder_tensor", "aten.remainder.Tensor", stage="emit", default=True),
 )
 
 
