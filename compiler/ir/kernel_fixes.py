@@ -26,12 +26,6 @@ FIXES: dict[str, str] = {
 
 SWITCHES = fix_switches.register("cpu_kernels", FIXES)
 
-
-def on(name: str) -> bool:
-    """Whether fix `name` applies now (always, unless a test turned it off)."""
-    return SWITCHES.on(name)
-
-
-def fixes_off(*names: str):
-    """For tests: compile with these wrong kernels let through."""
-    return SWITCHES.off(*names)
+# `on(name)` where a fix acts; `fixes_off(*names)`, for tests, compiles with those fixes off.
+on = SWITCHES.on
+fixes_off = SWITCHES.off
