@@ -45,9 +45,8 @@ SPEECH = "whisper"
 # The vision-language model: MultimodalRunner's three methods (compiler.tools.multimodal).
 VISION = "llava"
 MODELS = ("llama", "qwen3", "gemma", SPEECH, VISION)
-# Each column: the backend and the job's options (on XNNPACK also a program whose calls take the whole
-# prompt, which the runner prefills in one call).
-ONE_CALL = "xnnpack, prompt in one call"
+# Each column: the backend and the job's options (also programs whose calls take the whole prompt,
+# which the runner prefills in one call).
 PLAIN = {"backend_llm_ops": False}  # torch's attention and cache update
 OWN_OPS = {"backend_llm_ops": True}  # the backend's own LLM ops (compiler.models.llm_ops)
 BACKENDS = {
@@ -55,10 +54,12 @@ BACKENDS = {
     "portable, llama:: ops": ("portable", OWN_OPS),
     "xnnpack": ("xnnpack", PLAIN),
     "xnnpack, llama:: ops": ("xnnpack", OWN_OPS),
-    ONE_CALL: ("xnnpack", {"dynamic_prefill": True, **PLAIN}),
+    "xnnpack, prompt in one call": ("xnnpack", {"dynamic_prefill": True, **PLAIN}),
     "xnnpack, llama:: ops, prompt in one call": ("xnnpack", {"dynamic_prefill": True, **OWN_OPS}),
     "coreml": ("coreml", {}),
+    "coreml, prompt in one call": ("coreml", {"dynamic_prefill": True}),
     "mlx": ("mlx", PLAIN),
+    "mlx, prompt in one call": ("mlx", {"dynamic_prefill": True, **PLAIN}),
     "mlx, mlx:: ops": ("mlx", OWN_OPS),
     "mlx, mlx:: ops, prompt in one call": ("mlx", {"dynamic_prefill": True, **OWN_OPS}),
 }
@@ -147,9 +148,9 @@ def main() -> None:
             results = json.load(f)["results"]
     for model in args.models:
         for backend in args.backends:
-            if model == SPEECH and (backend == ONE_CALL or BACKENDS[backend][1].get("backend_llm_ops")):
-                continue  # its decoder takes one token a call, and its attention is its own
             options = BACKENDS[backend][1]
+            if model == SPEECH and (options.get("dynamic_prefill") or options.get("backend_llm_ops")):
+                continue  # its decoder takes one token a call, and its attention is its own
             if model == VISION and options.get("dynamic_prefill"):
                 continue  # the runner prefills each input in one call anyway
             cell = measure(model, backend, args.tokens)
