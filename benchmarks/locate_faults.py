@@ -127,13 +127,6 @@ def _weight_only_linear():
     return model, (torch.randn(3, 64),)
 
 
-# Why locate cannot name the node yet, for the cases where it cannot (their tests are strict xfails).
-REFUSED_PAYLOAD = (
-    "the reference runner refuses to run the payload the fix-off conversion makes, so locate has no "
-    "value to compare (it raises with the runner's error)"
-)
-
-
 @attrs.frozen(eq=False)
 class Case:
     """One fault: the switch turned off, the model that needs the fix, and where locate should
@@ -175,9 +168,7 @@ CASES: tuple[Case, ...] = (
     Case("coreml", "fill_dtypes",
          _seeded(lambda: (MaskedScores(), (torch.randn(1, 4, 8), torch.randn(1, 4, 8),
                                            torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)))),
-         "aten_zeros_like_default", "aten.zeros_like.default", options=FP32, label="bool-mask",
-         xfail="the zeros come out bool where torch's are float: locate measures no error between values "
-         "of different dtypes, so it names the masked_fill reading them"),
+         "aten_zeros_like_default", "aten.zeros_like.default", options=FP32, label="bool-mask"),
     Case("coreml", "unary_epsilon", _seeded(lambda: (Fn(lambda x: 1 / (x * 2) + 1), (torch.tensor([[1e-3, 0.5, 2.0, -0.01]]),))),
          "aten_reciprocal_default", "aten.reciprocal.default", options=FP32, default=True),
     Case("coreml", "softplus_threshold",
@@ -188,9 +179,9 @@ CASES: tuple[Case, ...] = (
          "aten_log_softmax_int", "aten.log_softmax.int", options=FP32),
     Case("coreml", "select_shape",
          _seeded(lambda: (MaskOverPickedRows(), (torch.randn(6, 16), torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.bool)))),
-         "aten_where_self", "aten.where.self", raises=True, xfail=REFUSED_PAYLOAD),
+         "aten_where_self", "aten.where.self", raises=True),
     Case("coreml", "never_alias", _seeded(lambda: (Fn(lambda x: (x.clone(), x + 1)), (torch.randn(3),))),
-         "aten_clone_default", "aten.clone.default", options=FP32, raises=True, xfail=REFUSED_PAYLOAD),
+         "dim_order_ops__clone_dim_order_default", "dim_order_ops._clone_dim_order.default", options=FP32, raises=True),
     # --- MLX rewrites and refusals (compiler/backends/mlx/rewrites.py, support.py, arguments.py) ---
     Case("mlx", "clamp_input_cast_to_result",
          _seeded(lambda: (Fn(lambda x: torch.clamp(x * 2, min=0.5) * 3), (torch.arange(-3, 5, dtype=torch.int32).reshape(2, 4),))),
@@ -203,9 +194,7 @@ CASES: tuple[Case, ...] = (
          "aten_upsample_nearest2d_vec", "aten.upsample_nearest2d.vec"),
     Case("mlx", "ignored_arguments_made_explicit",
          _seeded(lambda: (Fn(lambda x: torch.sort(x * 2, descending=True)[0] + 1), (torch.randn(2, 6),))),
-         "aten_sort_default", "aten.sort.default",
-         xfail="locate names the getitem reading the sort's values (a node of several outputs has no "
-         "value of its own to compare), not the sort"),
+         "aten_sort_default", "aten.sort.default"),
     Case("mlx", "copy_source_like_destination",
          _seeded(lambda: (Fn(lambda y, x: (y + 1).copy_(x * 2) * 2), (torch.zeros(2, 4, dtype=torch.int32), torch.randn(2, 4)))),
          "aten_copy_default", "aten.copy.default"),
@@ -214,13 +203,10 @@ CASES: tuple[Case, ...] = (
          "aten_div_tensor_mode", "aten.div.Tensor_mode"),
     Case("mlx", "same_rank_single_index",
          _seeded(lambda: (Fn(lambda x, i: (x * 2)[i].sum() + 1), (torch.randn(4, 4), torch.tensor([[0, 3, 1, 2]])))),
-         "aten_index_tensor", "aten.index.Tensor",
-         xfail="the payload's element-wise gather has another shape than torch's ((1, 4) for (1, 4, 4)): "
-         "locate measures no error between values of different shapes, so it names the first node after it"),
+         "aten_index_tensor", "aten.index.Tensor"),
     Case("mlx", "unwritten_output_read",
          _seeded(lambda: (Fn(lambda x: F.max_pool2d(x * 2, 2, return_indices=True)[1] + 1), (torch.randn(1, 1, 4, 4),))),
-         "aten_max_pool2d_with_indices_default", "aten.max_pool2d_with_indices.default", raises=True,
-         xfail=REFUSED_PAYLOAD),
+         "aten_max_pool2d_with_indices_default", "aten.max_pool2d_with_indices.default", raises=True),
     # --- XNNPACK rewrites and refusals (compiler/backends/xnnpack/rules.py) -------------------------
     Case("xnnpack", "bilinear_scale_unlike_size",
          _seeded(lambda: (Fn(lambda x: F.interpolate(x * 2, scale_factor=2.2, mode="bilinear") + 1), (torch.randn(1, 1, 3, 3),))),
@@ -231,9 +217,10 @@ CASES: tuple[Case, ...] = (
     Case("xnnpack", "addmm_scaled", _seeded(lambda: (ScaledAddmm(), (torch.randn(4, 5),))),
          "aten_addmm_default", "aten.addmm.default"),
     Case("xnnpack", "dequantize_with_plain_ops", _seeded(_weight_only_linear),
-         "dequantize_affine", "torchao.dequantize_affine.default",
-         xfail="the cut fails to lower the partition again with a node as an extra output: the program's "
-         "folded weight constants do not survive it (KeyError '_folded_constant_0')"),
+         "torchao_dequantize_affine_default", "torchao.dequantize_affine.default",
+         xfail="the cut cannot lower the partition again with a node inside the linear (its "
+         "dequantize_affine or permute) as an extra output: XNNPACK's ConvertToLinearPass refuses a linear "
+         "source partition of two outputs, so no value inside the delegate is read"),
     # --- the portable runtime's wrong CPU kernels (compiler/ir/kernels.py WRONG_KERNELS) ------------
     Case("cpu_kernels", "integer_remainder",
          _seeded(lambda: (Fn(lambda a, b: torch.remainder(a * 2, b) + 1), (torch.arange(-4, 4).reshape(2, 4), torch.tensor([3])))),

@@ -49,7 +49,7 @@ class CoreMLDelegate:
 
     def _refuse_aliased_outputs(self) -> None:
         seen: set[str] = set()
-        for name in self.output_names:
+        for position, name in enumerate(self.output_names):
             problem = (
                 "is also an input of the model" if name in self.input_names
                 else "is returned twice" if name in seen
@@ -57,7 +57,7 @@ class CoreMLDelegate:
             )
             seen.add(name)
             if problem:
-                raise AliasedPayloadOutput(
+                error = AliasedPayloadOutput(
                     f"Core ML payload {self.identifier}: output {name!r} {problem}; how the Core ML "
                     "runtime binds one buffer to two tensors is not defined by the MIL program, so "
                     "the reference runner cannot run it",
@@ -65,6 +65,8 @@ class CoreMLDelegate:
                     hint="compile with this project's Core ML backend, which gives every output its own "
                     "value (stock ExecuTorch returns an input itself for ops such as clone)",
                 )
+                error.output = position  # which of the delegate's outputs (compiler.locate names its node)
+                raise error
 
     def _bound(self, name: str, value: np.ndarray) -> np.ndarray:
         """The delegate copies an input's elements into the array the model declares: a 0-d

@@ -193,3 +193,41 @@ def _by_node(
             own = [computing]
         described[node.name] = ", ".join(describe(op) for op in own)
     return PayloadValues(values, described)
+
+
+def refused_node(
+    processed: bytes, refusal: Any, named_data: Mapping[str, bytes] | None = None, program: Any = None,
+) -> tuple[str, str] | None:
+    """The Edge node of the delegate's original `program` whose payload op the reference runner
+    refused (`refusal`, a `MilInterpreterError`: its `nodes` name the MIL op or var, an
+    `AliasedPayloadOutput` its `output` position), and that op described; None if unknown."""
+    from compiler.backends.coreml.interpreter import load_payload
+    from compiler.backends.coreml.payload import read_reference
+
+    if program is None:
+        return None
+    outputs = program.graph.output_node().args[0]
+    position = getattr(refusal, "output", None)
+    if isinstance(position, int) and position < len(outputs) and isinstance(outputs[position], torch.fx.Node):
+        name = refusal.nodes[0] if refusal.nodes else "?"
+        return outputs[position].name, f"output {name!r}, bound to another tensor of the delegate"
+    link = read_reference(processed)
+    payload = processed if link is None else bytes((named_data or {})[link["key"]])
+    mil, _ = load_payload(payload)
+    function = mil.functions["main" if link is None else link["functionName"]]
+    producer = {var.name: op for op in function.operations for var in op.outputs}
+    by_name = {op.name: op for op in function.operations}
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "call_function"}
+    handles = _debug_handles(processed)
+    for name in refusal.nodes:
+        op = producer.get(name) or by_name.get(name)
+        key = name[: -len(_FP16_SUFFIX)] if name.endswith(_FP16_SUFFIX) else name
+        described = describe(op) if op is not None else name
+        if key in nodes:
+            return key, described
+        if op is not None:  # a var renamed by a pass: the last node of its op's debug handles
+            wanted = set(handles.get(op.outputs[0].name, ()))
+            hits = [n for n in nodes.values() if n.meta.get("debug_handle") in wanted]
+            if hits:
+                return hits[-1].name, described
+    return None

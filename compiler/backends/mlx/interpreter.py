@@ -331,7 +331,9 @@ class Interpreter:
         try:
             return self.tensors[ref.idx]
         except KeyError:
-            raise BadMLXPayload(f"the MLX payload reads tensor slot {ref.idx} before writing it") from None
+            error = BadMLXPayload(f"the MLX payload reads tensor slot {ref.idx} before writing it")
+            error.slot = ref.idx  # the slot no instruction wrote (compiler.locate names its node)
+            raise error from None
 
     def v(self, ref):
         """An int/float literal, or the value a Vid holds."""
@@ -351,32 +353,41 @@ class Interpreter:
             self.tensors[ref.idx] = value
 
     def run_chain(self, index: int) -> None:
-        for node in self.graph.chains[index]:
-            function = NODE_FUNCTIONS.get(node.kind)
-            if function is None and node.kind in UNSUPPORTED_NODES:
-                raise UnsupportedMLXNode(
-                    f"the MLX reference executor cannot run payload node type {node.kind}: "
-                    f"{UNSUPPORTED_NODES[node.kind]}. This is a limit of the reference executor, "
-                    "not a fault of the program",
-                    nodes=[node.kind],
-                    hint="run the program on Apple silicon with ExecuTorch's MLX runtime",
-                )
-            if function is None:
-                raise UnsupportedMLXNode(
-                    f"the MLX reference executor cannot run payload node type {node.kind}",
-                    nodes=[node.kind],
-                    hint="add a function for it to a compiler/backends/mlx/nodes_*.py module, "
-                    "or run the program on Apple silicon with ExecuTorch's MLX runtime",
-                )
+        for position, node in enumerate(self.graph.chains[index]):
             try:
-                function(self, node.fields)
-            except (ValueError, RuntimeError, IndexError) as exc:  # what mlx raises where the runtime throws
-                raise MLXNodeFailure(
-                    f"payload node {node.kind} failed as the MLX runtime would: {str(exc).strip().splitlines()[0]}",
-                    nodes=[node.kind],
-                    hint="the payload itself is wrong for the MLX runtime (a lowering bug): "
-                    "report it with the program; the device would fail the same way",
-                ) from exc
+                self._run_node(node)
+            except CompileError as error:
+                # Where it failed: (chain, position in it, node kind), the outermost chain's
+                # last (compiler.locate maps a main-chain position to the Edge node it came from).
+                error.instruction = (index, position, node.kind)
+                raise
+
+    def _run_node(self, node: Node) -> None:
+        function = NODE_FUNCTIONS.get(node.kind)
+        if function is None and node.kind in UNSUPPORTED_NODES:
+            raise UnsupportedMLXNode(
+                f"the MLX reference executor cannot run payload node type {node.kind}: "
+                f"{UNSUPPORTED_NODES[node.kind]}. This is a limit of the reference executor, "
+                "not a fault of the program",
+                nodes=[node.kind],
+                hint="run the program on Apple silicon with ExecuTorch's MLX runtime",
+            )
+        if function is None:
+            raise UnsupportedMLXNode(
+                f"the MLX reference executor cannot run payload node type {node.kind}",
+                nodes=[node.kind],
+                hint="add a function for it to a compiler/backends/mlx/nodes_*.py module, "
+                "or run the program on Apple silicon with ExecuTorch's MLX runtime",
+            )
+        try:
+            function(self, node.fields)
+        except (ValueError, RuntimeError, IndexError) as exc:  # what mlx raises where the runtime throws
+            raise MLXNodeFailure(
+                f"payload node {node.kind} failed as the MLX runtime would: {str(exc).strip().splitlines()[0]}",
+                nodes=[node.kind],
+                hint="the payload itself is wrong for the MLX runtime (a lowering bug): "
+                "report it with the program; the device would fail the same way",
+            ) from exc
 
     def execute(self, inputs: Sequence[Any]) -> list[Any]:
         if len(inputs) != len(self.graph.inputs):

@@ -176,3 +176,41 @@ def _values(program: Any, mapping: _Mapping, writes: list[tuple[int, int, Any]],
         ops[node.name] = ", ".join(described)
     return PayloadValues(values, ops)
 
+
+
+def refused_node(
+    processed: bytes, refusal: Any, named_data: Mapping[str, bytes] | None = None, program: Any = None,
+) -> tuple[str, str] | None:
+    """The Edge node of the delegate's original `program` whose payload instructions the reference
+    runner refused (`refusal`, a `CompileError` of `interpreter.py`), and what it refused; None if
+    unknown. A read of a slot no instruction wrote (`refusal.slot`) is the fault of the node that
+    slot holds (whose handler should have written it), not of its reader; otherwise the node
+    whose handler emitted the failing main-chain instruction (`refusal.instruction`)."""
+    from compiler.backends.mlx.generated import ensure_generated
+    from compiler.backends.mlx.interpreter import MLXGraph
+
+    if program is None:
+        return None
+    mapping = _rebuild(program, processed)
+    ensure_generated()
+    graph = MLXGraph(processed)
+    chain, position, kind = getattr(refusal, "instruction", None) or (None, None, None)
+    at = position if chain == graph.main_chain else None
+    main = graph.chains[graph.main_chain]
+    slot = getattr(refusal, "slot", None)
+    if slot is not None:
+        # Of the nodes held in that slot, the last one marked before the reading instruction.
+        holders = [
+            name for name, tid in mapping.tids.items()
+            if tid == slot and name in mapping.marks and (at is None or mapping.marks[name][0] <= at)
+        ]
+        if holders:
+            holder = max(holders, key=lambda n: mapping.marks[n])
+            reader = f", read by {_describe(main[at])}" if at is not None else ""
+            return holder, f"tensor slot {slot}, never written{reader}"
+    if at is not None:
+        unwritten = f", reading tensor slot {slot}, which no instruction wrote" if slot is not None else ""
+        for name, (first, end) in mapping.marks.items():
+            if first <= at < end:
+                return name, _describe(main[at]) + unwritten
+    return None

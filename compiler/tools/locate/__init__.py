@@ -24,7 +24,7 @@ import torch
 
 from compiler import backends
 from compiler.ir.errors import CompileError
-from compiler.tools.locate import compare, cut, emitted, nodes, stages
+from compiler.tools.locate import compare, cut, emitted, nodes, refused, stages
 from compiler.tools.locate.programs import run_eager, run_exported, user_leaves
 from compiler.tools.locate.report import Divergence, Location, StageError, Step
 
@@ -91,6 +91,9 @@ def _locate(result: Any, model: torch.nn.Module, inputs: Any, backend: Any) -> L
     name = result.config.backend
     if found.first_bad is None:
         return Location(name, found.rows, seconds=time.perf_counter() - start)
+    if found.refused is not None:  # a payload its runner refuses to run: the refusal is the divergence
+        divergence, path, note = refused.located(found.refused, _sources(result))
+        return Location(name, found.rows, found.first_bad, divergence, path, note, time.perf_counter() - start)
     if found.last_good is None:
         note = (
             f"the first kept program ({found.first_bad}) already differs from eager: node values are compared "
@@ -153,12 +156,17 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
             e = compare.error(got, reference[name])
             return e is None or e > compare.tolerance(bad_run, dtype, [got], [reference[name]]).absolute
 
-        suspect = cut.first_over(order, over)
-        errors0 = nodes.NodeErrors({}, {})
-        route = [n.name for n in nodes.path_to(suspect, errors0, nodes.weights(good))]
-        inside_names = {c.name for c in order}
-        probed = [n for n in route if n in inside_names] + [n.name for n in suspect.all_input_nodes if n.name in inside_names]
-        values = cutter.values(list(dict.fromkeys(probed)))
+        try:
+            suspect = cut.first_over(order, over)
+            errors0 = nodes.NodeErrors({}, {})
+            route = [n.name for n in nodes.path_to(suspect, errors0, nodes.weights(good))]
+            inside_names = {c.name for c in order}
+            probed = [n for n in route if n in inside_names] + [n.name for n in suspect.all_input_nodes if n.name in inside_names]
+            values = cutter.values(list(dict.fromkeys(probed)))
+        except CompileError as exc:  # the backend cannot lower the partition with that value leaving it
+            names = ", ".join(cutter.failed or ("?",))
+            return None, finding.path, (f"{finding.note}; the delegate could not be cut: lowering it again with {names} "
+                                        f"as an extra output failed ({exc.reason.splitlines()[0]})")
         found_by = (f"cutting the delegate: {len(cutter.lowerings)} lowerings of the partition with a node's value "
                     f"as an extra output ({sum(s for _, s in cutter.lowerings):.1f} s)")
     # Values inside the payload (and those the lowered program gave at its boundary) against the
@@ -175,5 +183,6 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
     divergence = nodes.divergence_at(
         node, errors, [good, *sources], f"against the {good_name} program's {node.name}", found_by, delegate,
     )
-    payload_op = getattr(values, "ops", {}).get(node.name)  # what the hook says computes it
+    ops = getattr(values, "ops", {})  # what the hook says computes it (the op an item came from)
+    payload_op = ops.get(divergence.node) or ops.get(node.name)
     return attrs.evolve(divergence, payload_op=payload_op), nodes.steps(route, errors), None

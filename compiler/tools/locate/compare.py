@@ -26,12 +26,58 @@ class _Computes:
 
 
 def error(got: Any, want: Any) -> float | None:
-    """The largest absolute difference of two tensors of one shape (None: not comparable)."""
+    """The largest absolute difference of two tensors of one shape (None: not comparable): equal
+    infinities and NaNs on both sides agree, a NaN on one side only is an infinite error."""
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
         return None
     if got.is_complex() or want.is_complex() or not got.numel():
         return 0.0 if not got.numel() else (got - want).abs().max().item()
-    return (got.detach().to(torch.float64) - want.detach().to(torch.float64)).abs().max().item()
+    got, want = got.detach().to(torch.float64), want.detach().to(torch.float64)
+    # The same infinity (a -inf mask) or NaN on both sides agrees; a NaN on one side only is
+    # infinitely far off (a NaN error would compare as within any tolerance).
+    same = (got == want) | (got.isnan() & want.isnan())
+    return (got - want).abs().nan_to_num(nan=float("inf")).masked_fill(same, 0.0).max().item()
+
+
+def _kind(dtype: torch.dtype) -> str:
+    return "bool" if dtype == torch.bool else "floating" if dtype.is_floating_point or dtype.is_complex else "integer"
+
+
+def _shape(shape: Any) -> str:
+    return str(tuple(int(d) for d in shape))
+
+
+def unlike(got: Any, want: Any, tolerance: float) -> str | None:
+    """How a node's value differs from torch's other than in its numbers, or None. Another kind
+    of dtype (bool or integer where torch gives floating point, ...) is a divergence; another
+    precision of the same kind is not (a float16 payload computes float32 nodes: the tolerance is
+    for that). Another shape is, unless the value broadcasts to torch's and the broadcast agrees
+    within `tolerance` (the same numbers as a view: what a consumer reading it sees)."""
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+        return None
+    if _kind(got.dtype) != _kind(want.dtype):
+        return f"dtype {str(got.dtype).removeprefix('torch.')} where torch gives {str(want.dtype).removeprefix('torch.')}"
+    if got.shape == want.shape:
+        return None
+    try:
+        spread = got.broadcast_to(want.shape)
+    except RuntimeError:
+        spread = None
+    if spread is not None:
+        e = error(spread, want)
+        if e is not None and e <= tolerance:
+            return None
+    return f"shape {_shape(got.shape)} where torch gives {_shape(want.shape)}"
+
+
+def error_as_consumed(got: Any, want: Any) -> float | None:
+    """`error`, of a value that broadcasts to torch's shape as broadcast (see `unlike`)."""
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and got.shape != want.shape:
+        try:
+            got = got.broadcast_to(want.shape)
+        except RuntimeError:
+            return None
+    return error(got, want)
 
 
 def largest(values: Sequence[Any]) -> float:

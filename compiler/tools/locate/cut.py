@@ -88,13 +88,18 @@ class Cut:
     config: Any
     inputs: tuple
     lowerings: list = attrs.field(factory=list)  # (names probed, seconds), for the report
+    failed: list = attrs.field(factory=list)  # the names whose lowering (or emission) failed last
     span: Span = LOWER
 
     def values(self, names: Sequence[str]) -> dict[str, Any]:
         import time
 
         start = time.perf_counter()
-        made = restage(with_outputs(self.split, names), self.backend, self.config, self.span)
+        try:
+            made = restage(with_outputs(self.split, names), self.backend, self.config, self.span)
+        except Exception:
+            self.failed[:] = list(names)
+            raise
         if self.span == EMIT:
             outputs = run_pte(made, self.inputs).outputs  # the names' values come last
             found = dict(zip(names, outputs[len(outputs) - len(names):])) if len(outputs) >= len(names) else {}

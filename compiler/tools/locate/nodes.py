@@ -211,6 +211,8 @@ class NodeErrors:
 
     errors: Mapping[str, float]
     tolerances: Mapping[str, float]
+    # A node whose value differs other than in its numbers (dtype, shape; error inf): how.
+    reasons: Mapping[str, str] = attrs.field(factory=dict)
 
     def over(self, name: str) -> bool:
         return name in self.errors and self.errors[name] > self.tolerances[name]
@@ -220,20 +222,26 @@ def node_errors(
     nodes: Iterable[torch.fx.Node], matched: Mapping[str, str], values: Mapping[str, Any],
     reference: Mapping[str, Any], run: ProgramRun, dtype: torch.dtype,
 ) -> NodeErrors:
-    errors, tolerances = {}, {}
+    errors, tolerances, reasons = {}, {}, {}
     for node in nodes:
         other = matched.get(node.name)
         if other is None or node.name not in values or other not in reference:
             continue
         got, want = values[node.name], reference[other]
-        e = compare.error(got, want)
-        if e is None or not isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+            continue
+        tolerance = compare.tolerance(run, dtype, [got], [want]).absolute
+        reason = compare.unlike(got, want, tolerance)
+        e = float("inf") if reason else compare.error_as_consumed(got, want)
+        if e is None:
             continue
         if not (want.is_floating_point() or want.is_complex()):
             e = float("inf") if e else 0.0
         errors[node.name] = e
-        tolerances[node.name] = compare.tolerance(run, dtype, [got], [want]).absolute
-    return NodeErrors(errors, tolerances)
+        tolerances[node.name] = tolerance
+        if reason:
+            reasons[node.name] = reason
+    return NodeErrors(errors, tolerances, reasons)
 
 
 def path_to(node: torch.fx.Node, errors: NodeErrors, is_weight: Callable[[torch.fx.Node], bool]) -> list[torch.fx.Node]:
@@ -269,6 +277,17 @@ def weights(program: ExportedProgram) -> Callable[[torch.fx.Node], bool]:
     return lambda n: n.op == "placeholder" and n.name in held
 
 
+def producer(node: torch.fx.Node) -> torch.fx.Node:
+    """The node that computes `node`'s value: for an item of a multi-output op (a getitem, which
+    only selects), that op; a delegate call's item is its own (the call is located inside)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        source = node.args[0]
+        if (isinstance(source, torch.fx.Node) and source.op == "call_function"
+                and getattr(source.target, "__name__", None) != DELEGATE_CALL):
+            return source
+    return node
+
+
 def first_diverging(program: ExportedProgram, errors: NodeErrors) -> torch.fx.Node | None:
     """The first node (topological order) over its tolerance whose measured inputs are within theirs."""
     for node in program.graph.nodes:
@@ -292,11 +311,14 @@ def divergence_at(
     node: torch.fx.Node, errors: NodeErrors, programs: Sequence[ExportedProgram], reference: str,
     found_by: str = "node values", delegate: str | None = None, op: str | None = None,
 ) -> Divergence:
-    source, module = origin(node, programs)
-    inputs = tuple((n.name, errors.errors.get(n.name)) for n in node.all_input_nodes)
+    """The divergence at `node`; an item of a multi-output op is named as that op (the getitem only
+    selects), with the item's error as the op's output error."""
+    named = producer(node)
+    source, module = origin(named, programs)
+    inputs = tuple((n.name, errors.errors.get(n.name)) for n in named.all_input_nodes)
     return Divergence(
-        node.name, op or op_name(node), errors.errors[node.name], errors.tolerances[node.name], inputs,
-        source, module, delegate, found_by, reference,
+        named.name, op or op_name(named), errors.errors[node.name], errors.tolerances[node.name], inputs,
+        source, module, delegate, found_by, reference, reason=errors.reasons.get(node.name),
     )
 
 

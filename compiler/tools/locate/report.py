@@ -26,7 +26,8 @@ class StageError:
         if self.passed is None:
             return (self.stage, self.ran, "-", "-", "-")
         error = "n/a" if self.max_error is None else f"{self.max_error:.3g}"
-        return (self.stage, self.ran, error, f"{self.tolerance:.3g}", "ok" if self.passed else "DIVERGES")
+        tolerance = "-" if self.tolerance is None else f"{self.tolerance:.3g}"
+        return (self.stage, self.ran, error, tolerance, "ok" if self.passed else "DIVERGES")
 
 
 @attrs.frozen
@@ -65,6 +66,9 @@ class Divergence:
     found_by: str = "node values"  # how its value was read
     reference: str = ""  # the program its value was compared with
     payload_op: str | None = None  # inside a payload: the op(s) computing it there ("gelu (mode EXACT)")
+    # What diverges when it is not a number: "dtype bool where torch gives float32", "shape (1, 4)
+    # where torch gives (1, 4, 4)", "the payload cannot run: <the runner's reason>" (the error is inf).
+    reason: str | None = None
 
 
 @attrs.frozen
@@ -95,7 +99,10 @@ class Location:
         if d is not None:
             inside = f", inside delegate {d.delegate}" if d.delegate else ""
             lines.append(f"first diverging node: {d.node} ({d.op}){inside}")
-            lines.append(f"  output error {d.output_error:.3g} over the tolerance {d.tolerance:.3g} ({d.reference})")
+            if d.reason:
+                lines.append(f"  output: {d.reason}" + (f" ({d.reference})" if d.reference else ""))
+            else:
+                lines.append(f"  output error {d.output_error:.3g} over the tolerance {d.tolerance:.3g} ({d.reference})")
             if d.input_errors:
                 given = ", ".join(f"{n} {'?' if e is None else f'{e:.3g}'}" for n, e in d.input_errors)
                 lines.append(f"  input errors: {given}")

@@ -22,7 +22,7 @@ from torch.export import ExportedProgram
 from compiler.ir.artifacts import EagerModel, ExecutorchProgram
 from compiler.stages import STAGE_NAMES
 from compiler.tools.locate import compare
-from compiler.tools.locate.programs import ProgramRun, run_exported, run_pte
+from compiler.tools.locate.programs import PayloadRefused, ProgramRun, run_exported, run_pte
 from compiler.tools.locate.report import StageError
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ class StageBisection:
     first_bad: str | None
     last_good: str | None  # the last stage before `first_bad` whose program agreed and ran node by node
     runs: Mapping[str, ProgramRun] = attrs.field(factory=dict, repr=False)
+    # The first bad stage's delegate payload its runner refused to run (the later stages are not run).
+    refused: PayloadRefused | None = None
 
 
 def _how(artifact: Any, run: ProgramRun) -> str:
@@ -69,7 +71,14 @@ def by_stage(
         if isinstance(artifact, ExecutorchProgram):
             run = run_pte(artifact, inputs)
         elif isinstance(program, ExportedProgram):
-            run = run_exported(program, inputs)
+            try:
+                run = run_exported(program, inputs)
+            except PayloadRefused as refused:  # a payload that cannot run: this stage diverges
+                rows.append(StageError(name, f"{_how(artifact, None)}: the payload cannot run", None, None, None, False))
+                logger.info("locate: stage %s: %s", name, refused.reason)
+                if first_bad is None:
+                    return StageBisection(tuple(rows), name, last_good, runs, refused)
+                break
             previous_program, previous_name = program, name
         else:
             logger.debug("stage %s: a %s is not run", name, type(artifact).__name__)
