@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 import compiler  # noqa: E402
 from compiler.models import model_suite  # noqa: E402
+from compiler.running.tolerance import max_abs_error  # noqa: E402
 from compiler.tools import readme  # noqa: E402
 
 BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
@@ -36,7 +37,7 @@ BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
 
 def _max_error(got, want) -> float:
     want = want if isinstance(want, tuple) else (want,)
-    return max((g.double() - w.double()).abs().max().item() for g, w in zip(got, want))
+    return max(max_abs_error(g, w) for g, w in zip(got, want))
 
 
 def _eager_and_program(name: str, artifact) -> float:

@@ -15,7 +15,7 @@ import torch
 
 from compiler.ir.errors import UserInputError
 from compiler.running.runtime import LoadedProgram, default_tolerance, _eager, _max_error, _model_dtype
-from compiler.running.tolerance import Tolerance
+from compiler.running.tolerance import Tolerance, largest_finite
 
 
 @attrs.frozen
@@ -96,7 +96,7 @@ def check_methods(
             want = _eager(eager[name], tuple(inputs))
             got = loaded(tuple(inputs), method=name)
             errors.setdefault(name, []).append((_max_error(got, want), index))
-            largest[name] = max([largest.get(name, 0.0)] + [t.abs().max().item() for t in want if t.numel()])
+            largest[name] = max([largest.get(name, 0.0)] + [largest_finite(t) for t in want])
             results.setdefault(name, []).extend(got)
     finally:
         with torch.no_grad():

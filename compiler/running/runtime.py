@@ -18,7 +18,7 @@ from compiler.ir.kernels import load_llm_kernels, load_quantized_kernels
 from compiler.ir.private_api import deserialize_pte
 from compiler.ir.targets import BY_DELEGATE_ID
 from compiler.running.activation_steps import activation_steps, quantizes_activations
-from compiler.running.tolerance import Tolerance
+from compiler.running.tolerance import Tolerance, abs_error, largest_finite, max_abs_error
 
 
 def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
@@ -319,7 +319,7 @@ def _quantized_model(program: Any) -> torch.nn.Module | None:
 
 def _max_error(actual: Sequence[Any], expected: Sequence[torch.Tensor]) -> float:
     pairs = [(got, want) for got, want in zip(actual, expected, strict=True) if want.numel()]
-    return max(((got.double() - want.double()).abs().max().item() for got, want in pairs), default=0.0)
+    return max((max_abs_error(got, want) for got, want in pairs), default=0.0)
 
 
 def _eager(module: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
@@ -497,16 +497,16 @@ def compare_at(
     per_output = []
     for got, want in zip(actual, expected, strict=True):
         floating = want.is_floating_point() or want.is_complex()
-        got, want = got.to(torch.float64), want.to(torch.float64)
         if got.shape != want.shape:
             raise UserInputError(f"output shape {tuple(got.shape)} differs from eager {tuple(want.shape)}")
-        diff = (got - want).abs()
+        diff = abs_error(got, want)
+        want = want.to(diff.dtype)
         output_abs = output_rel = 0.0
         if diff.numel():
             output_abs, output_rel = diff.max().item(), (diff / want.abs().clamp_min(1e-6)).max().item()
             max_abs, max_rel = max(max_abs, output_abs), max(max_rel, output_rel)
             if floating:
-                largest = max(largest, want.abs().max().item())
+                largest = max(largest, largest_finite(want))
             else:
                 integer_error = max(integer_error, diff.max().item())
         per_output.append((output_abs, output_rel))

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import attrs
+
+if TYPE_CHECKING:
+    import torch
 
 # The error `--check` accepts by default, by the precision the program computes in. A float32
 # program is held to an absolute error; one computing in float16 (Core ML's default compute
@@ -20,6 +24,32 @@ BFLOAT16_OF_LARGEST = 4e-2
 # The explicit significand bits of the narrow floating dtypes: a value rounded to one is off by
 # up to half a unit in the last place.
 SIGNIFICAND_BITS = {"float16": 10, "bfloat16": 7}
+
+
+def abs_error(got: "torch.Tensor", want: "torch.Tensor") -> "torch.Tensor":
+    """|got - want| per element (float64, complex128 for complex values), where no NaN can hide a
+    difference: equal values (the same infinity included) and NaN on both sides agree (0); a NaN
+    on one side only, or two different infinities, are infinitely far off. Plain
+    `(got - want).abs().max()` is NaN there, a NaN error compares as within any tolerance, and
+    Python's max() drops it: a program returning NaN for a number passed with error 0."""
+    import torch
+
+    wide = torch.complex128 if got.is_complex() or want.is_complex() else torch.float64
+    got, want = got.detach().to(wide), want.detach().to(wide)
+    agree = (got == want) | (got.isnan() & want.isnan())
+    return (got - want).abs().nan_to_num(nan=math.inf, posinf=math.inf).masked_fill(agree, 0.0)
+
+
+def max_abs_error(got: "torch.Tensor", want: "torch.Tensor") -> float:
+    """The largest `abs_error` (0 for empty tensors)."""
+    return abs_error(got, want).max().item() if got.numel() else 0.0
+
+
+def largest_finite(value: "torch.Tensor") -> float:
+    """The largest finite |element| (0 for none): what a relative tolerance scales with; an
+    infinity (a -inf mask) would make it infinite."""
+    finite = value[value.isfinite()]
+    return finite.abs().max().item() if finite.numel() else 0.0
 
 
 def half_ulp(dtype: str, value: float) -> float:

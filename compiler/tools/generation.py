@@ -28,7 +28,7 @@ import torch
 
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import llm, llm_ops
-from compiler.running.tolerance import Tolerance
+from compiler.running.tolerance import Tolerance, max_abs_error
 
 logger = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ def check_generation(
     for (called, start), want in zip(eager.calls, eager.logits):
         (got,) = loaded([torch.tensor([list(called)]), torch.arange(start, start + len(called))])
         got = got[0].to(torch.float64)
-        errors.append((got - want.double()).abs().max().item())
+        errors.append(max_abs_error(got, want))
         largest = max(largest, want.abs().max().item())
         program_argmax.append(int(got[-1].argmax()))
     first_generating = len(eager.calls) - len(eager.tokens)

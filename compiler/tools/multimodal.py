@@ -32,7 +32,7 @@ import torch
 
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import llm, llm_ops, vlm
-from compiler.running.tolerance import Tolerance
+from compiler.running.tolerance import Tolerance, max_abs_error
 from compiler.tools import generation
 
 logger = logging.getLogger(__name__)
@@ -189,13 +189,13 @@ def check_multimodal(
     pte = generation.pte_bytes(program)
     loaded = LoadedProgram(pte)
     (image,) = loaded((model.image,), method="vision_encoder")
-    vision_error = (image - eager.image_embeddings).abs().max().item()
+    vision_error = max_abs_error(image, eager.image_embeddings)
     errors, argmax, largest = [], [], eager.image_embeddings.abs().max().item()
     for (called, start), want in zip(eager.calls, eager.logits):
         embeddings = image if called is None else loaded((torch.tensor([list(called)]),), method="token_embedding")[0]
         positions = torch.arange(start, start + embeddings.shape[1])
         (got,) = loaded((embeddings, positions), method="text_decoder")
-        errors.append((got[0].double() - want.double()).abs().max().item())
+        errors.append(max_abs_error(got[0], want))
         largest = max(largest, want.abs().max().item())
         argmax.append(int(got[0, -1].argmax()))
     prefill_ms = decode_ms = None

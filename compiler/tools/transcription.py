@@ -26,7 +26,7 @@ import torch
 
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import asr
-from compiler.running.tolerance import Tolerance
+from compiler.running.tolerance import Tolerance, max_abs_error
 from compiler.tools import generation
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def check_transcription(
     pte = generation.pte_bytes(program)
     loaded = LoadedProgram(pte)
     (program_encoded,) = loaded((model.features,), method="encoder")
-    encoder_error = (program_encoded - encoded).abs().max().item()
+    encoder_error = max_abs_error(program_encoded, encoded)
     model.reset()
     with torch.no_grad():
         model.methods.encoder(model.features)  # eager steps alongside, fed the program's tokens
@@ -169,7 +169,7 @@ def check_transcription(
             position = len(tokens)
             (got,) = loaded((torch.tensor([[fed]]), program_encoded, torch.tensor([position])), method="text_decoder")
             want = _step(model, fed, encoded, position)
-            errors.append((got[0, -1] - want).abs().max().item())
+            errors.append(max_abs_error(got[0, -1], want))
             largest = max(largest, want.abs().max().item())
             fed = int(got[0, -1].argmax())
             tokens.append(fed)

@@ -13,7 +13,7 @@ import torch
 
 from compiler.running.activation_steps import ActivationSteps, activation_steps, quantizes_activations
 from compiler.running.runtime import default_tolerance
-from compiler.running.tolerance import Tolerance
+from compiler.running.tolerance import Tolerance, max_abs_error
 from compiler.tools.locate.programs import ProgramRun, least_precise
 
 
@@ -26,17 +26,11 @@ class _Computes:
 
 
 def error(got: Any, want: Any) -> float | None:
-    """The largest absolute difference of two tensors of one shape (None: not comparable): equal
-    infinities and NaNs on both sides agree, a NaN on one side only is an infinite error."""
+    """The largest absolute difference of two tensors of one shape (None: not comparable), as the
+    check measures it (`max_abs_error`: a NaN on one side only is an infinite error)."""
     if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) or got.shape != want.shape:
         return None
-    if got.is_complex() or want.is_complex() or not got.numel():
-        return 0.0 if not got.numel() else (got - want).abs().max().item()
-    got, want = got.detach().to(torch.float64), want.detach().to(torch.float64)
-    # The same infinity (a -inf mask) or NaN on both sides agrees; a NaN on one side only is
-    # infinitely far off (a NaN error would compare as within any tolerance).
-    same = (got == want) | (got.isnan() & want.isnan())
-    return (got - want).abs().nan_to_num(nan=float("inf")).masked_fill(same, 0.0).max().item()
+    return max_abs_error(got, want)
 
 
 def _kind(dtype: torch.dtype) -> str:
