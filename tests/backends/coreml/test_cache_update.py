@@ -119,10 +119,14 @@ def _two_consecutive_columns(y, v):
     "write, inputs, target, mil_op",
     [
         (_two_columns, (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), None, "scatter"),
-        (_two_columns, (torch.randn(2, 4, 3), torch.randn(3)), None, "scatter"),  # values broadcast
-        (_two_columns, (torch.randn(2, 4, 3) > 0, torch.randn(2, 2, 3) > 0), None, "scatter"),  # bool data
+        # The default run samples two forms; -m slow adds the rest.
+        pytest.param(_two_columns, (torch.randn(2, 4, 3), torch.randn(3)), None, "scatter",  # values broadcast
+                     marks=pytest.mark.slow),
+        pytest.param(_two_columns, (torch.randn(2, 4, 3) > 0, torch.randn(2, 2, 3) > 0), None, "scatter",  # bool data
+                     marks=pytest.mark.slow),
         (_two_consecutive_columns, (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), "iOS18", "slice_update"),
-        (_two_consecutive_columns, (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), None, "scatter"),  # before iOS 18
+        pytest.param(_two_consecutive_columns, (torch.randn(2, 4, 3), torch.randn(2, 2, 3)), None, "scatter",
+                     marks=pytest.mark.slow),  # before iOS 18
     ],
     ids=["any-positions", "values-broadcast", "bool", "consecutive-ios18", "consecutive-ios17"],
 )
