@@ -34,6 +34,7 @@ _EXPORTS = {
     "generate": "compiler.tools.generation",
     "locate": "compiler.tools.locate",
     "locate_result": "compiler.tools.locate",
+    "locate_program": "compiler.tools.locate",
 }
 
 __all__ = sorted(_EXPORTS)

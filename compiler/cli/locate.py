@@ -1,6 +1,7 @@
 """`python -m compiler locate MODEL --backend B`: compile, then name the first stage and the first
 node whose numbers leave eager's, with the chain of errors from the inputs to it; and
-`report(...)`, which `compile --check --locate` calls on a failed check.
+`report(...)`, which `compile --check --locate` calls on a failed check. With `--program FILE.pte`,
+no compile: the given `.pte` (built elsewhere) is located against MODEL (`compiler.locate_program`).
 
 Loads no torch until the command runs (`compiler.cli.main` builds every parser at start).
 """
@@ -28,6 +29,10 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
         "--report-html", metavar="FILE", help="write the compile report with the diverging node highlighted on the graph",
     )
     command.add_argument("--report-json", metavar="FILE", help="write what locate found as JSON")
+    command.add_argument(
+        "--program", metavar="FILE.pte",
+        help="locate this .pte (built elsewhere, e.g. by stock ExecuTorch) against MODEL, without compiling",
+    )
 
 
 def run(args: argparse.Namespace, terminal) -> int:
@@ -36,6 +41,8 @@ def run(args: argparse.Namespace, terminal) -> int:
     from compiler.models import catalog
 
     catalog.check_model_spec(args.model)
+    if getattr(args, "program", None):
+        return _run_program(args, terminal)
     html = _file_to_write("--report-html", args.report_html)
     as_json = _file_to_write("--report-json", args.report_json)
     from compiler import api
@@ -57,6 +64,41 @@ def run(args: argparse.Namespace, terminal) -> int:
     if html:
         write_html(html, result, location, f"{args.model} compiled for {args.backend}")
         terminal.say(f"wrote {html}")
+    return 1 if location.found else 0
+
+
+def _run_program(args: argparse.Namespace, terminal) -> int:
+    """`locate MODEL --program FILE.pte`: exit 1 when the program's outputs leave eager's."""
+    import os
+
+    from compiler.cli.main import _file_to_write
+    from compiler.ir.errors import UserInputError
+    from compiler.models.examples import resolve_model
+
+    if args.report_html:
+        raise UserInputError("--report-html draws the compile report's graph, and a --program was not compiled here",
+                             hint="use --report-json, or locate the model compiled here (without --program)")
+    if args.backend_option:
+        raise UserInputError("--backend-option sets a compile's backend, and a --program is not compiled here",
+                             hint="leave it out: the .pte's delegates are read from the file")
+    if not os.path.isfile(args.program):
+        raise UserInputError(f"--program {args.program!r} is not a file", hint="give the path of a .pte")
+    as_json = _file_to_write("--report-json", args.report_json)
+    from compiler.tools.locate import locate_program
+
+    module, inputs, _ = terminal.quietly("building the model", resolve_model, args.model)
+    location = terminal.quietly(f"locating where {args.program}'s outputs diverge", locate_program,
+                                args.program, module, inputs)
+    terminal.table(*location.stage_rows())
+    if terminal.verbosity >= 0 or location.found:
+        text = location.describe()
+        if not location.found and location.note:  # describe says only that the outputs agree
+            text += "\n" + location.note
+        terminal.out.print("\n" + text, highlight=False, markup=False)
+    if as_json:
+        with open(as_json, "w") as f:
+            json.dump(location.to_json(), f, indent=2)
+        terminal.say(f"wrote {as_json}")
     return 1 if location.found else 0
 
 

@@ -113,6 +113,11 @@ def _detached(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+def _copied(value: Any) -> Any:
+    """A value as it is now, tensors (and lists of them) copied: for a tap."""
+    return [_copied(v) for v in value] if isinstance(value, list) else _detached(value)
+
+
 def _et_view(tensor: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     return tensor.reshape(list(sizes))
 
@@ -219,14 +224,20 @@ class _Method:
             self.write(index, value)
 
         instructions = self.plan.chains[0].instructions
+        tap = self.executor.tap
         pc = 0
         while pc < len(instructions):
             args = instructions[pc].instr_args
             pc += 1
             if isinstance(args, schema.KernelCall):
-                self._kernel(args)
+                written = self._kernel(args)
+                if tap is not None:
+                    tap(pc - 1, [_copied(self.get(i)) for i in args.args if i not in written],
+                        [_copied(self.get(i)) for i in written])
             elif isinstance(args, schema.DelegateCall):
-                self._delegate(args)
+                given = self._delegate(args)
+                if tap is not None:
+                    tap(pc - 1, _copied(given), [_copied(self.get(i)) for i in args.args[len(given):]])
             elif isinstance(args, schema.MoveCall):
                 self.values[args.move_to] = self.values[args.move_from]
             elif isinstance(args, schema.JumpFalseCall):
@@ -238,17 +249,18 @@ class _Method:
                 raise ReferenceExecutionError(f"unknown instruction {type(args).__name__} in the program")
         return [_detached(self.get(i)) for i in self.plan.outputs]
 
-    def _kernel(self, call: schema.KernelCall) -> None:
+    def _kernel(self, call: schema.KernelCall) -> list[int]:
+        """Run a kernel call; returns the indices of the values it wrote."""
         op = self.plan.operators[call.op_index]
         name = f"{op.name}.{op.overload}" if op.overload else op.name
         *inputs, result = call.args
         if name in _SCALAR_PRIMS or op.name in _SCALAR_PRIMS:
             function = _SCALAR_PRIMS.get(name) or _SCALAR_PRIMS[op.name]
             self.values[result] = function(*(self.get(i) for i in inputs))
-            return
+            return [result]
         if name == "executorch_prim::et_view.default":
             self.values[result] = _et_view(self.get(inputs[0]), self.get(inputs[1]))
-            return
+            return [result]
         overload = self.executor.torch_operator(op)
         values = []
         for argument, index in zip(overload._schema.arguments, call.args):
@@ -268,14 +280,18 @@ class _Method:
                 "where torch's out variant is stricter than ExecuTorch's kernel this is a limit of the "
                 "reference executor, not of the program",
             ) from exc
+        return [index for argument, index in zip(overload._schema.arguments, call.args) if argument.is_out]
 
-    def _delegate(self, call: schema.DelegateCall) -> None:
+    def _delegate(self, call: schema.DelegateCall) -> list[Any]:
+        """Run a delegate call; returns the inputs it was given."""
         run = self.executor.delegate(self.plan, call.delegate_index)
         n_in = run.graph_inputs
         args = call.args
-        outputs = run.execute([self.get(i) for i in args[:n_in]])
+        given = [self.get(i) for i in args[:n_in]]
+        outputs = run.execute(given)
         for index, value in zip(args[n_in:], outputs, strict=True):
             self.write(index, value)
+        return given
 
 
 class ReferenceExecutor:
@@ -283,9 +299,15 @@ class ReferenceExecutor:
 
     `kv_cache` is the off-graph KV cache MLX `UpdateAndAttendNode`s use, which on a
     device the runner installs (see `compiler/backends/mlx/nodes_attention.py`).
+
+    `tap`, when given, is called after each kernel and delegate call as
+    `tap(instruction index, input values, output values)` (values copied: planned memory is
+    reused by later instructions); `compiler.locate_program` reads a `.pte`'s values with it.
     """
 
-    def __init__(self, pte: bytes, kv_cache: Any = None) -> None:
+    def __init__(self, pte: bytes, kv_cache: Any = None,
+                 tap: Callable[[int, list[Any], list[Any]], None] | None = None) -> None:
+        self.tap = tap
         pte_file = deserialize_pte(pte)
         self.program = pte_file.program
         self.named_data: dict[str, bytes] = {}

@@ -11,6 +11,8 @@ backend's `intermediate_values` hook (`compiler.backends.intermediate_values`) w
 one, else a cut (`cut.py`): the partition lowered again with the suspect node as an output.
 Inside the emitted program (a runtime CPU kernel computing otherwise than torch): a cut too
 (`emitted.py`), the lowered program emitted again with the suspect node as an output.
+A `.pte` compiled elsewhere (`locate_program`, `pte.py`): run whole against eager, and node by
+node against the model exported and lowered as stock does, through the reference executor.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from compiler.ir.errors import CompileError
 from compiler.tools.locate import compare, cut, emitted, nodes, refused, stages
 from compiler.tools.locate.programs import run_eager, run_exported, user_leaves
 from compiler.tools.locate.report import Divergence, Location, StageError, Step
+from compiler.tools.locate.pte import locate_program
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Divergence", "Location", "StageError", "Step", "locate", "locate_result"]
+__all__ = ["Divergence", "Location", "StageError", "Step", "locate", "locate_program", "locate_result"]
 
 
 def locate(model: torch.nn.Module, inputs: Any, backend: Any = None, **options: Any) -> Location:
