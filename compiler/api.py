@@ -341,6 +341,11 @@ def _stage_cache(driving: DriverOptions, given_backend: Backend | None) -> Stage
     if given_backend is not None:
         logger.info("stage cache not used: the backend was given as an object")
         return None
+    from compiler.ir.fix_switches import switched_off
+
+    if switched_off():
+        logger.info("stage cache not used: fixes are switched off (%s)", ", ".join(switched_off()))
+        return None
     return StageCache(
         os.path.expanduser(driving.cache_dir),
         driving.cache_max_mb * 2**20,

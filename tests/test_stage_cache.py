@@ -94,6 +94,20 @@ def test_the_api_caches_only_with_a_folder_and_not_when_turned_off(tmp_path, mon
     assert not (tmp_path / "off").exists() or _entries(tmp_path / "off") == []
 
 
+def test_a_compile_with_a_fix_switched_off_neither_reads_nor_stores_the_cache(tmp_path):
+    """The key does not hold the test-only fix switches: a payload made without a fix must not
+    be given to a later run with it, nor a cached one (made with it) to a run testing without it."""
+    from compiler.backends.coreml.fixes import fixes_off
+
+    model, inputs = torch.nn.GELU(approximate="tanh").eval(), (torch.linspace(-4, 4, 64).reshape(1, 64),)
+    fixed = compiler.compile(model, inputs, "coreml", cache_dir=str(tmp_path))
+    stored = _entries(tmp_path)
+    with fixes_off("tanh_gelu"):
+        broken = compiler.compile(model, inputs, "coreml", cache_dir=str(tmp_path))
+    assert _cached(broken) == [] and _entries(tmp_path) == stored
+    assert broken.pte != fixed.pte  # made without the fix, not read from the cache
+
+
 def test_a_changed_weight_misses_every_stage(tmp_path):
     model, inputs = _model()
     compiler.compile(model, inputs, "xnnpack", cache_dir=str(tmp_path))

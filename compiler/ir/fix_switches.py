@@ -95,3 +95,10 @@ def fixes_off(owner: str, *names: str):
 def registered() -> dict[str, Mapping[str, str]]:
     """Owner -> its fixes, for every owner imported so far."""
     return {owner: s.fixes for owner, s in _REGISTRY.items()}
+
+
+def switched_off() -> list[str]:
+    """The fixes off now, as "owner.name" (the stage cache neither reads nor stores while any is:
+    its key does not hold them, and a payload made without a fix must not be given to a run with it)."""
+    with _LOCK:
+        return sorted(f"{owner}.{name}" for (owner, name), count in _off.items() if count > 0)
