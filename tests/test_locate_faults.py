@@ -66,6 +66,16 @@ def test_locate_names_the_node_the_fix_is_for(case):
 # --- every switch has its case; the switching itself ---------------------------------------
 
 
+@pytest.mark.slow
+def test_a_node_the_backend_fuses_is_named_with_the_op_it_is_fused_into():
+    """XNNPACK fuses a weight-only linear's dequantize into its GEMM, whose partition it cannot
+    lower with the dequantize as an extra output: locate names the GEMM and the fused nodes."""
+    (case,) = [c for c in CASES if c.switch == "dequantize_with_plain_ops"]
+    divergence = outcome(case).location.divergence
+    assert divergence.node == "aten_addmm_default"
+    assert "torchao_dequantize_affine_default could not leave the delegate" in divergence.found_by
+
+
 @pytest.mark.parametrize("owner", list(OWNERS))
 def test_every_switch_has_a_fault_case(owner):
     fixes = importlib.import_module(OWNERS[owner][0]).FIXES

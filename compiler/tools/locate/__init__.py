@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -152,26 +152,22 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
         tag = cut.tag_of(good, inside)
         order = cut.candidates(good, tag, diverging[0])
         cutter = cut.Cut(split, backend, result.config, inputs)
-        reference = good_run.values
-
-        def over(name: str) -> bool:
-            got = cutter.values([name]).get(name)
-            e = compare.error(got, reference[name])
-            return e is None or e > compare.tolerance(bad_run, dtype, [got], [reference[name]]).absolute
-
         try:
-            suspect = cut.first_over(order, over)
+            suspect = cut.first_over(order, lambda name: cutter.diverges(name, good_run.values, bad_run, dtype))
             errors0 = nodes.NodeErrors({}, {})
             route = [n.name for n in nodes.path_to(suspect, errors0, nodes.weights(good))]
             inside_names = {c.name for c in order}
             probed = [n for n in route if n in inside_names] + [n.name for n in suspect.all_input_nodes if n.name in inside_names]
-            values = cutter.values(list(dict.fromkeys(probed)))
+            values = cutter.observable_values(list(dict.fromkeys(probed)))
         except CompileError as exc:  # the backend cannot lower the partition with that value leaving it
             names = ", ".join(cutter.failed or ("?",))
             return None, finding.path, (f"{finding.note}; the delegate could not be cut: lowering it again with {names} "
                                         f"as an extra output failed ({exc.reason.splitlines()[0]})")
         found_by = (f"cutting the delegate: {len(cutter.lowerings)} lowerings of the partition with a node's value "
                     f"as an extra output ({sum(s for _, s in cutter.lowerings):.1f} s)")
+        if cutter.fused:
+            found_by += (f"; {', '.join(dict.fromkeys(cutter.fused))} could not leave the delegate (the backend fuses "
+                         "them into the ops that read them): no value of their own")
     # Values inside the payload (and those the lowered program gave at its boundary) against the
     # program before lowering, node by node in its order.
     measured = {**{outputs[k]: v for k, v in bad_run.values.items() if k in outputs},

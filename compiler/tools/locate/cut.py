@@ -22,7 +22,9 @@ import attrs
 import torch
 from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
 
+from compiler.ir.errors import CompileError
 from compiler.ir.graph import DELEGATION_TAG
+from compiler.tools.locate import compare
 from compiler.tools.locate.programs import run_exported, run_pte
 from compiler.tools.locate.nodes import delegate_outputs
 
@@ -89,6 +91,7 @@ class Cut:
     inputs: tuple
     lowerings: list = attrs.field(factory=list)  # (names probed, seconds), for the report
     failed: list = attrs.field(factory=list)  # the names whose lowering (or emission) failed last
+    fused: list = attrs.field(factory=list)  # nodes the backend gives no value of their own (`diverges`)
     span: Span = LOWER
 
     def values(self, names: Sequence[str]) -> dict[str, Any]:
@@ -110,6 +113,39 @@ class Cut:
         self.lowerings.append((tuple(names), time.perf_counter() - start))
         logger.info("locate: cut at %s in %.1f s (%s)", ", ".join(names), time.perf_counter() - start, self.span.until)
         return {name: found[name] for name in names if name in found}
+
+
+    def observable_values(self, names: Sequence[str]) -> dict[str, Any]:
+        """`values` of those of `names` the backend gives a value of their own: all in one lowering,
+        else one by one, noting in `fused` those it cannot."""
+        names = [n for n in names if n not in self.fused]
+        try:
+            return self.values(names)
+        except CompileError:
+            if self.span == EMIT:
+                raise
+        found = {}
+        for name in names:
+            try:
+                found.update(self.values([name]))
+            except CompileError:
+                self.fused.append(name)
+        return found
+
+    def diverges(self, name: str, reference: Mapping[str, Any], run: Any, dtype: torch.dtype) -> bool | None:
+        """Whether `name`'s value, cut out, leaves the check's tolerance against `reference`. None
+        when the backend cannot give it a value of its own: the partition cannot be lowered with it
+        as an extra output (XNNPACK fuses a weight's dequantize into its linear and refuses a
+        linear pattern of two outputs); such a node is noted in `fused`."""
+        try:
+            got = self.values([name]).get(name)
+        except CompileError:
+            if self.span == EMIT:
+                raise
+            self.fused.append(name)
+            return None
+        e = compare.error(got, reference[name])
+        return e is None or e > compare.tolerance(run, dtype, [got], [reference[name]]).absolute
 
 
 def candidates(split_program: Any, tag: str, diverging: str) -> list[torch.fx.Node]:
@@ -134,12 +170,18 @@ def ancestors(program: Any, diverging: str, keep: Callable[[torch.fx.Node], bool
     ]
 
 
-def first_over(order: Sequence[torch.fx.Node], over: Callable[[str], bool]) -> torch.fx.Node:
-    """Binary search for the first node of `order` that is over (the last one is)."""
+def first_over(order: Sequence[torch.fx.Node], over: Callable[[str], bool | None]) -> torch.fx.Node:
+    """Binary search for the first node of `order` that is over (the last one is); a node `over`
+    cannot measure (None) leaves the search."""
+    order = list(order)
     low, high = 0, len(order) - 1
     while low < high:
         middle = (low + high) // 2
-        if over(order[middle].name):
+        verdict = over(order[middle].name)
+        if verdict is None:
+            del order[middle]
+            high -= 1
+        elif verdict:
             high = middle
         else:
             low = middle + 1

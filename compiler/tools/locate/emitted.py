@@ -73,14 +73,7 @@ def inside(
     if not order:
         return None, (), f"the diverging output {diverging.name} is computed by no instruction of the program"
     cutter = cut.Cut(lowered, backend, result.config, tuple(inputs), span=cut.EMIT)
-    reference = good_run.values
-
-    def over(name: str) -> bool:
-        got = cutter.values([name]).get(name)
-        e = compare.error(got, reference[name])
-        return e is None or e > compare.tolerance(bad_run, dtype, [got], [reference[name]]).absolute
-
-    suspect = cut.first_over(order, over)
+    suspect = cut.first_over(order, lambda name: cutter.diverges(name, good_run.values, bad_run, dtype))
     # One more emit: the suspect, its inputs and the path from the inputs to it, so the chain of
     # errors is measured and the suspect's inputs are seen within their tolerance.
     probed_from = {n.name for n in order}
