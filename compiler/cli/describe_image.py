@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from compiler import backends
+from compiler.cli import common
 
 
 def add_parser(commands, talk: argparse.ArgumentParser) -> None:
@@ -36,10 +37,9 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, terminal) -> int:
-    from compiler.cli.main import _folder_to_write
     from compiler.tools import multimodal
 
-    output = _folder_to_write("-o", args.output_dir) if args.output_dir else None
+    output = common.folder_to_write("-o", args.output_dir) if args.output_dir else None
     job = multimodal.describe_image(
         args.backend, tokens=args.tokens, output_dir=output, check=args.check, max_cache_len=args.max_cache_len,
         tolerance=args.tolerance, backend_llm_ops=args.backend_llm_ops,

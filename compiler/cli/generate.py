@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from compiler import backends
+from compiler.cli import common
 
 
 def add_parser(commands, talk: argparse.ArgumentParser) -> None:
@@ -49,10 +50,9 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, terminal) -> int:
     from compiler.cli.live_progress import LiveProgress
-    from compiler.cli.main import _folder_to_write
     from compiler.tools import generation
 
-    output = _folder_to_write("-o", args.output_dir) if args.output_dir else None
+    output = common.folder_to_write("-o", args.output_dir) if args.output_dir else None
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
     prompt = {"prompt": args.prompt} if args.prompt else {}
     job = generation.generate(

@@ -12,6 +12,7 @@ import argparse
 import json
 
 from compiler import backends
+from compiler.cli import common
 
 
 def add_parser(commands, talk: argparse.ArgumentParser) -> None:
@@ -37,23 +38,22 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, terminal) -> int:
     """Exit 1 when a stage diverges (as a failed check), 0 when every stage agrees."""
-    from compiler.cli.main import _backend_options, _file_to_write, _load
     from compiler.models import catalog
 
     catalog.check_model_spec(args.model)
     if getattr(args, "program", None):
         return _run_program(args, terminal)
-    html = _file_to_write("--report-html", args.report_html)
-    as_json = _file_to_write("--report-json", args.report_json)
+    html = common.file_to_write("--report-html", args.report_html)
+    as_json = common.file_to_write("--report-json", args.report_json)
     from compiler import api
     from compiler.cli.live_progress import LiveProgress
     from compiler.models.examples import resolve_model
 
-    terminal.quietly(f"loading ExecuTorch and the {args.backend} backend", _load, args.backend)
+    terminal.quietly(f"loading ExecuTorch and the {args.backend} backend", common.load_pipeline, args.backend)
     module, inputs, dynamic_shapes = terminal.quietly("building the model", resolve_model, args.model)
     instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
     result = api.compile(
-        module, inputs, args.backend, backend_options=_backend_options(args.backend_option) or None,
+        module, inputs, args.backend, backend_options=common.backend_options(args.backend_option) or None,
         dynamic_shapes=dynamic_shapes, instruments=instruments, cache=False, reproducer=False,
     )
     location = report(terminal, result, module, inputs)
@@ -71,7 +71,6 @@ def _run_program(args: argparse.Namespace, terminal) -> int:
     """`locate MODEL --program FILE.pte`: exit 1 when the program's outputs leave eager's."""
     import os
 
-    from compiler.cli.main import _file_to_write
     from compiler.ir.errors import UserInputError
     from compiler.models.examples import resolve_model
 
@@ -83,7 +82,7 @@ def _run_program(args: argparse.Namespace, terminal) -> int:
                              hint="leave it out: the .pte's delegates are read from the file")
     if not os.path.isfile(args.program):
         raise UserInputError(f"--program {args.program!r} is not a file", hint="give the path of a .pte")
-    as_json = _file_to_write("--report-json", args.report_json)
+    as_json = common.file_to_write("--report-json", args.report_json)
     from compiler.tools.locate import locate_program
 
     module, inputs, _ = terminal.quietly("building the model", resolve_model, args.model)

@@ -26,13 +26,12 @@ from rich.console import Console
 from rich.table import Table
 
 from compiler import backends
-from compiler.cli import describe_image, generate, locate, transcribe
+from compiler.cli import common, describe_image, generate, locate, transcribe
 from compiler.models import catalog
 from compiler.driver import config, dynamic_dims
 from compiler.stages import STAGE_NAMES
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.running.tolerance import FLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE
-from compiler.process.writable import prove_file_writable, prove_folder_writable
 
 RESUME = "python -m compiler compile --resume-from {path}"
 DEFAULT_BACKEND = config.CompileConfig().backend
@@ -232,19 +231,6 @@ def _dynamic_dim(text: str) -> dynamic_dims.DynamicDim:
         raise argparse.ArgumentTypeError(f"{error.reason}; {error.hint}") from None
 
 
-def _backend_options(items: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise UserInputError(f"--backend-option {item!r} is not KEY=VALUE")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
 def given_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options the flags gave, by their configuration names (left-out flags are absent)."""
     given = {spec.name: getattr(args, spec.name) for spec in config.options() if hasattr(args, spec.name)}
@@ -337,46 +323,6 @@ def _setup_logging(terminal: Terminal) -> None:
     logger.setLevel({-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(terminal.verbosity, logging.DEBUG))
 
 
-def _file_to_write(flag: str, path: str | None) -> str | None:
-    """A file the run will write: its folder is made now, and a place that cannot be written
-    is an error before any work starts, not after the compile. The file itself is created
-    to prove it can be (a permission check passes for root where nothing can be made, as
-    under /proc), and removed again if the run made it."""
-    if path is None:
-        return None
-    path = os.path.expanduser(path)
-    if os.path.isdir(path):
-        raise UserInputError(
-            f"{flag} {path!r} is a folder", hint=f"give {flag} a file name, e.g. {os.path.join(path, 'model.pte')}"
-        )
-    _folder_to_write(flag, os.path.dirname(os.path.abspath(path)), path)
-    try:
-        prove_file_writable(path)
-    except OSError as exc:
-        raise UserInputError(
-            f"{flag} {path!r}: the file cannot be written ({exc.strerror})",
-            hint=f"give {flag} a place under a folder you can write to",
-        ) from None
-    return path
-
-
-def _folder_to_write(flag: str, folder: str, given: str | None = None) -> str:
-    """A folder the run will write into (`given`: the file in it the user named); a file is
-    made and removed in it to prove it can be written."""
-    folder = os.path.expanduser(folder)
-    named = f"{flag} {given or folder!r}"
-    hint = f"give {flag} a place under a folder you can write to"
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise UserInputError(f"{named}: cannot create the folder {folder!r} ({exc.strerror})", hint=hint) from None
-    try:
-        prove_folder_writable(folder)
-    except OSError as exc:
-        raise UserInputError(f"{named}: no file can be written in the folder {folder!r} ({exc.strerror})", hint=hint) from None
-    return folder
-
-
 @contextlib.contextmanager
 def _writing(flag: str, path: str, what: str, cache_dir: str | None):
     """A write after the compile that fails (a full disk, a mount gone read-only) is a named
@@ -417,32 +363,32 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         raise UserInputError("--dynamic-dim needs the MODEL", hint="a resumed run keeps its program's dynamic sizes")
     if (args.calibration or args.calibration_draws) and not args.model:
         raise UserInputError("calibration needs the MODEL", stage="quantize", hint="pass MODEL, or drop the calibration flag")
-    output = _file_to_write("-o", args.output)
-    report_json = _file_to_write("--report-json", args.report_json)
-    report_html = _file_to_write("--report-html", args.report_html)
+    output = common.file_to_write("-o", args.output)
+    report_json = common.file_to_write("--report-json", args.report_json)
+    report_html = common.file_to_write("--report-html", args.report_html)
     given = given_options(args)
     if "dump_dir" in given:
-        given["dump_dir"] = _folder_to_write("--dump-dir", given["dump_dir"])
+        given["dump_dir"] = common.folder_to_write("--dump-dir", given["dump_dir"])
     if "reproducer_dir" in given:
-        given["reproducer_dir"] = _folder_to_write("--reproducer-dir", given["reproducer_dir"])
+        given["reproducer_dir"] = common.folder_to_write("--reproducer-dir", given["reproducer_dir"])
     elif "dump_dir" not in given:
         from compiler.driver.instruments import default_reproducer_dir
 
         given["reproducer_dir"] = default_reproducer_dir()
     if "cache_dir" in given:
-        given["cache_dir"] = _folder_to_write("--cache-dir", given["cache_dir"])
+        given["cache_dir"] = common.folder_to_write("--cache-dir", given["cache_dir"])
     elif given.get("cache", True):
         from compiler.driver.cache import default_cache_dir
 
         given["cache_dir"] = default_cache_dir()
-    backend_options = _backend_options(args.backend_option) or None
+    backend_options = common.backend_options(args.backend_option) or None
 
     from compiler import api
     from compiler.models.examples import resolve_model
     from compiler.cli.live_progress import LiveProgress
 
     backend = args.backend or (None if resume_from else DEFAULT_BACKEND)
-    terminal.quietly(f"loading ExecuTorch{f' and the {backend} backend' if backend else ''}", _load, backend)
+    terminal.quietly(f"loading ExecuTorch{f' and the {backend} backend' if backend else ''}", common.load_pipeline, backend)
     module, inputs, dynamic_shapes = (
         terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
     )
@@ -530,17 +476,6 @@ def _calibration(args: argparse.Namespace) -> Any:
         ) from exc
 
 
-def _load(backend: str | None) -> None:
-    """The pipeline's heavy imports, under a status line (they take seconds)."""
-    import compiler.driver.pipeline  # noqa: F401
-    from compiler.stages import default_stages
-
-    default_stages()
-
-    if backend:
-        backends.load(backend)
-
-
 def _print_report(terminal: Terminal, report) -> None:
     if report.resumed_from:
         terminal.say(report.format_resume() + "\n")
@@ -621,7 +556,7 @@ def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
     cache_dir = None
     if cache:
         if "cache_dir" in given:
-            cache_dir = _folder_to_write("--cache-dir", given["cache_dir"])
+            cache_dir = common.folder_to_write("--cache-dir", given["cache_dir"])
         else:
             from compiler.driver.cache import default_cache_dir
 
