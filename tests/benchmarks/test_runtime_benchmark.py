@@ -3,6 +3,7 @@ both programs of a row, and its counts are right. No timing is asserted: the mac
 
 import json
 
+import pytest
 import torch
 
 from benchmarks import runtime
@@ -22,6 +23,7 @@ def _checked(side: dict) -> None:
     assert 0 <= side["cpu_share"] <= 1
 
 
+@pytest.mark.slow  # the whole command, files included; the default run measures one XNNPACK pair below
 def test_a_portable_row_has_every_field_and_no_delegate_call(tmp_path):
     results = tmp_path / "runtime.json"
     rows = runtime.main(["--models", "--model", "mlp:features=8,hidden=16,layers=2,batch=2",
