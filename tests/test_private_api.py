@@ -51,6 +51,7 @@ PRIVATE_ATTRIBUTES = frozenset(
         "_mark_node_supported",  # MLXProgramBuilder's, for compiler.backends.mlx.taps
         "_slot_to_final_tid",
         "_chains",
+        "_can_merge_partitions",  # GroupBasedPartitioner's
         # coremltools
         "_TORCH_OPS_REGISTRY",
     }

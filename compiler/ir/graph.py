@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import operator
 from typing import Iterator
@@ -169,3 +170,69 @@ def state_not_starting_at_zero(ep: ExportedProgram) -> list[tuple[torch.fx.Node,
         if isinstance(value, torch.Tensor) and bool(value.any()):
             found.append((placeholders[spec.arg.name], spec.target))
     return found
+
+
+# The ops torch's `legalize_graph` (torch/fx/passes/tools_common.py) moves to the front of its
+# queue: runtime assertions before the data-dependent ops they guard.
+_PRIORITIZED_OPS = frozenset(
+    [
+        operator.add, operator.mul, operator.sub, operator.floordiv, operator.truediv, operator.mod,
+        operator.le, operator.lt, operator.ge, operator.gt, operator.eq, operator.ne,
+        torch.ops.aten.sym_constrain_range.default,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten.scalar_tensor.default,
+        torch.ops.aten._assert_scalar.default,
+    ]
+)
+
+
+def legalized_order(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The order torch's `legalize_graph` puts `graph`'s nodes in: Kahn's topological sort,
+    nodes with no inputs in graph order first, each node's users in the order of its `users`."""
+    nodes = list(graph.nodes)
+    waiting = dict.fromkeys(nodes, 0)
+    for node in nodes:
+        for user in node.users:
+            waiting[user] += 1
+    queue = collections.deque(node for node in nodes if waiting[node] == 0)
+    order = []
+    while queue:
+        node = queue.popleft()
+        order.append(node)
+        for user in node.users:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                if user.op == "call_function" and user.target in _PRIORITIZED_OPS:
+                    queue.appendleft(user)
+                else:
+                    queue.append(user)
+    if len(order) < len(nodes):
+        raise RuntimeError(f"Input graph has cycles, unable to add {[n for n in waiting if waiting[n] != 0]}")
+    return order
+
+
+def legalize_in_place(graph_module: torch.fx.GraphModule) -> bool:
+    """What torch's `legalize_graph(graph_module)` leaves, without copying the graph or
+    regenerating the module's code: the nodes in its order and each node's users in the order
+    of their place (a copied node's users are registered as its users are created). Returns
+    False, changing nothing, where the copy would rename a node (a name FX reserves, such as
+    `input`): the caller then calls `legalize_graph`. The module's code is stale until its
+    next `recompile()` (an ExportedProgram built on it recompiles it)."""
+    graph = graph_module.graph
+    if any(node.name in torch.fx.graph._illegal_names for node in graph.nodes):
+        return False
+    order = legalized_order(graph)
+    place = {node: number for number, node in enumerate(order)}
+    previous = graph._root
+    for node in order:
+        if previous.next is not node:
+            previous.append(node)
+        previous = node
+        users = node.users
+        if len(users) > 1:
+            ordered = sorted(users, key=place.__getitem__)
+            if ordered != list(users):
+                users.clear()
+                users.update(dict.fromkeys(ordered))
+    return True

@@ -546,6 +546,89 @@ def exported_program_validation_skipped() -> Iterator[None]:
             yield
 
 
+@contextlib.contextmanager
+def partitions_fused_without_graph_copies(legalize_in_place: Callable[[Any], bool]) -> Iterator[None]:
+    """While the block runs, `to_backend` in this thread fuses each partition into its submodule
+    without copying the whole program's graph: its `create_submodule_from_nodes` (executorch.exir.
+    lowered_backend_module) calls torch's `legalize_graph` on the whole graph after each fusion,
+    which copies every node into a new graph and regenerates the module's Python code, once per
+    partition (O(nodes x partitions): 240 partitions of a 2,000-node program). Here the graph is
+    put in the same order in place by `legalize_in_place(graph_module)` (`compiler.ir.graph`'s:
+    the same node and users order, so the same program; where it returns False, torch's
+    `legalize_graph` runs), and its code is generated once, when `to_backend` builds the
+    lowered ExportedProgram. `legalize_graph` is looked up in that module's globals on each call;
+    no public option skips it (`skip_legalize_graph` is not reachable from `to_backend`, and
+    skipping the sort would change the order). Checked against executorch 1.5.1 (torch 2.13)."""
+    from executorch.exir import lowered_backend_module
+
+    def wrap(original: Callable) -> Callable:
+        def call(graph_module: Any) -> Any:
+            if _flag("fuse_without_graph_copies") and legalize_in_place(graph_module):
+                return graph_module
+            return original(graph_module)
+
+        return call
+
+    with _replaced(lowered_backend_module, "legalize_graph", wrap):
+        with _flag_set("fuse_without_graph_copies"):
+            yield
+
+
+def _merge_check_by_set_disjointness(original: Callable) -> Callable:
+    """`GroupBasedPartitioner._can_merge_partitions` with the same answer: two partitions merge
+    unless a node outside them that reads one of them has a node of either among everything
+    downstream of it, or the merged partition fails torch's `validate_partition`. Stock asks the
+    first with `any(n in combined for n in downstream)`, a Python loop over everything downstream
+    of the node (the rest of the program) for each pair of partitions; `isdisjoint` asks it over
+    the two partitions' nodes."""
+    from torch.fx.passes.utils.fuser_utils import validate_partition
+
+    def call(self: Any, p1: Any, p2: Any, partitions_by_id: Any) -> bool:
+        if not _flag("partition_merge_by_sets"):
+            return original(self, p1, p2, partitions_by_id)
+        combined = set(partitions_by_id[p1].nodes.keys()).union(partitions_by_id[p2].nodes.keys())
+        for node in combined:
+            for user in node.users:
+                if user not in combined and not combined.isdisjoint(self.dependency_viewer.downstreams_of(user)):
+                    return False
+        return validate_partition(list(combined))
+
+    return call
+
+
+@contextlib.contextmanager
+def partition_merges_checked_by_sets() -> Iterator[None]:
+    """While the block runs, ExecuTorch's `GroupBasedPartitioner` (XNNPACK's partitioner
+    configs use it) decides in this thread whether two partitions can merge as stock does, in
+    time that grows with the two partitions, not with the program (`_merge_check_by_set_disjointness`):
+    stock's check walks every node downstream for each pair, cubic in the program's size
+    (depth-48 transformer: 14 s of the partition stage). No public hook replaces the check.
+    Checked against executorch 1.5.1."""
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
+
+    with _replaced(GroupBasedPartitioner, "_can_merge_partitions", _merge_check_by_set_disjointness):
+        with _flag_set("partition_merge_by_sets"):
+            yield
+
+
+@contextlib.contextmanager
+def exir_pass_checks_skipped() -> Iterator[None]:
+    """ExecuTorch's `PassManager.check` (executorch.exir.pass_manager) does nothing in this
+    thread while the block runs. The pass manager calls it before and after every pipeline (and
+    after every pass when asked): it regenerates the program's Python code, lints the graph and
+    validates the program. XNNPACK's `preprocess` runs 17 pipelines of one pass per partition,
+    so that is ~34 code generations per partition that nothing reads: a pass that changes the
+    graph has the manager regenerate the code itself, the next pass reruns the graph, not its
+    code, and serialization reads the graph. Our verification validates the lower stage's input
+    and output (the validation inside is skipped by `exported_program_validation_skipped` too).
+    Checked against executorch 1.5.1."""
+    from executorch.exir.pass_manager import PassManager
+
+    with _replaced(PassManager, "check", _unless_flag("skip_exir_pass_checks")):
+        with _flag_set("skip_exir_pass_checks"):
+            yield
+
+
 def _inside(flag: str) -> Callable[[Callable], Callable]:
     """A wrapper that sets `flag` in the calling thread while the original runs."""
 

@@ -18,9 +18,13 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 
 from compiler.process.collector import collect
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
-from compiler.ir.graph import DELEGATION_TAG
+from compiler.ir.graph import DELEGATION_TAG, legalize_in_place
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.private_api import constants_kept, exported_program_validation_skipped
+from compiler.ir.private_api import (
+    constants_kept,
+    exported_program_validation_skipped,
+    partitions_fused_without_graph_copies,
+)
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.shared import METHOD
 
@@ -53,6 +57,9 @@ class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
             # stage's input keeps its own (it is the partition stage's artifact).
             stack.enter_context(constants_kept(partitioned.program))
             stack.enter_context(ctx.backend.lowering(ctx.dependency_checks))
+            # `to_backend` re-sorts the whole graph by copying it after fusing each partition:
+            # the same order in place, so a partition's fusion costs its own size, not the program's.
+            stack.enter_context(partitions_fused_without_graph_copies(legalize_in_place))
             if not ctx.dependency_checks:
                 # Our verification validates this stage's input and output (program_validates).
                 stack.enter_context(exported_program_validation_skipped())

@@ -17,6 +17,7 @@ from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.xnnpack import quantized, rules
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import DELEGATED_REASON
+from compiler.ir.private_api import exir_pass_checks_skipped, partition_merges_checked_by_sets
 
 _XNNPACK_LOGGER = "executorch.backends.xnnpack"
 
@@ -77,7 +78,9 @@ class XnnpackBackend(Backend):
         rules.tanh_gelu_as_plain_ops(program)  # stock would compute the exact GELU
         rules.hardtanh_bounds_spelled_out(program)  # stock would fail on hardtanh(x, min_val)
         refused = rules.refused_nodes(program)
-        with _collect_refusals() as collector:
+        # Stock's search, with its check that two partitions can merge made in time that does
+        # not grow with the program (the same answers).
+        with _collect_refusals() as collector, partition_merges_checked_by_sets():
             result = self.partitioner.partition(program)
         copies = rules.copies_leaving_the_delegate(program)
         delegated = quantized.delegated_reasons(program)
@@ -86,6 +89,11 @@ class XnnpackBackend(Backend):
                 node.meta[DELEGATED_REASON] = delegated[node.name]
         reasons = {**collector.reasons, **refused, **dequantized_here, **copies}
         return BackendPartition(dict(result.partition_tags), reasons)
+
+    def lowering(self, dependency_checks: bool = False) -> contextlib.AbstractContextManager[None]:
+        """Unless `dependency_checks`, no check of the whole partition by ExecuTorch's pass manager
+        before and after each of XNNPACK's passes (`exir_pass_checks_skipped`)."""
+        return contextlib.nullcontext() if dependency_checks else exir_pass_checks_skipped()
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         target = format_target_name(getattr(node.target, "__name__", str(node.target)))
