@@ -331,27 +331,14 @@ def with_quantized_model(
 
 
 def _stage_cache(driving: DriverOptions, given_backend: Backend | None) -> StageCache | None:
-    """The stage cache a run uses: only with `cache_dir`. A run that must see every stage
-    (dump_dir, print_after_change) stores but does not load; a resumed run has no capture
-    to key it; nor does a backend object, whose options the configuration does not hold."""
+    """The stage cache a run uses (`StageCache.for_run`); none for a backend object, whose
+    options the configuration does not hold."""
     from compiler.driver.cache import StageCache
 
-    if not driving.cache or not driving.cache_dir or driving.resume_from:
-        return None
-    if given_backend is not None:
+    if given_backend is not None and driving.cache and driving.cache_dir:
         logger.info("stage cache not used: the backend was given as an object")
         return None
-    from compiler.ir.fix_switches import switched_off
-
-    if switched_off():
-        logger.info("stage cache not used: fixes are switched off (%s)", ", ".join(switched_off()))
-        return None
-    return StageCache(
-        os.path.expanduser(driving.cache_dir),
-        driving.cache_max_mb * 2**20,
-        read=not (driving.dump_dir or driving.print_after_change),
-        write=driving.verify,  # only verified outputs are trusted by later runs
-    )
+    return StageCache.for_run(driving)
 
 
 def _resumed_config(

@@ -382,34 +382,45 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
 
         given["cache_dir"] = default_cache_dir()
     backend_options = common.backend_options(args.backend_option) or None
-
-    from compiler import api
-    from compiler.models.examples import resolve_model
-    from compiler.cli.live_progress import LiveProgress
-
     backend = args.backend or (None if resume_from else DEFAULT_BACKEND)
-    terminal.quietly(f"loading ExecuTorch{f' and the {backend} backend' if backend else ''}", common.load_pipeline, backend)
-    module, inputs, dynamic_shapes = (
-        terminal.quietly("building the model", resolve_model, args.model) if args.model else (None, None, None)
-    )
-    dynamic_shapes = api.model_dynamic_shapes(args.model, module, inputs, dynamic_shapes, args.dynamic_dim)
+    programs = None
+    if args.model:
+        from compiler.driver.program_cache import ProgramCache
+
+        written = [path for path in (output, report_json, report_html) if path]
+        programs = ProgramCache.for_run(args.model, backend, backend_options, given, args.dynamic_dim,
+                                        args.calibration or args.calibration_draws, written)
+    # A check builds and captures the model anyway (the stage cache serves the rest).
+    result = programs.load() if programs is not None and not args.check else None
+    module = inputs = dynamic_shapes = calibration = None
     use_model = not resume_from
-    calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if args.model else None
-    instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
-    try:
-        result = api.compile(
-            module if use_model else None,
-            inputs if use_model else None,
-            args.backend,
-            backend_options=backend_options,
-            dynamic_shapes=dynamic_shapes,
-            calibration=calibration,
-            instruments=instruments,
-            **given,
-        )
-    except CompileError as error:
-        terminal.messages.append((f"compiling (stage {error.stage})", error.dependency_messages))
-        raise
+    if result is None:
+        from compiler import api
+        from compiler.models.examples import resolve_model
+        from compiler.cli.live_progress import LiveProgress
+
+        terminal.quietly(f"loading ExecuTorch{f' and the {backend} backend' if backend else ''}", common.load_pipeline, backend)
+        if args.model:
+            module, inputs, dynamic_shapes = terminal.quietly("building the model", resolve_model, args.model)
+        dynamic_shapes = api.model_dynamic_shapes(args.model, module, inputs, dynamic_shapes, args.dynamic_dim)
+        calibration = terminal.quietly("reading the calibration inputs", _calibration, args) if args.model else None
+        instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
+        try:
+            result = api.compile(
+                module if use_model else None,
+                inputs if use_model else None,
+                args.backend,
+                backend_options=backend_options,
+                dynamic_shapes=dynamic_shapes,
+                calibration=calibration,
+                instruments=instruments,
+                **given,
+            )
+        except CompileError as error:
+            terminal.messages.append((f"compiling (stage {error.stage})", error.dependency_messages))
+            raise
+        if programs is not None and result.stopped_after == STAGE_NAMES[-1]:
+            programs.store(result.pte, result.report)
     report = attrs.evolve(result.report, model=args.model)
 
     status, check = 0, None

@@ -30,11 +30,11 @@ import os
 import tempfile
 import time
 import zipfile
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
-from compiler.driver.config import CompileConfig, dependency_versions
+from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def program_digest(program: Any) -> str:
     return digest.hexdigest()
 
 
-def _hash(data: Mapping[str, Any]) -> str:
+def hash_key(data: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
 
 
@@ -178,6 +178,25 @@ class StageCache:
         self.max_bytes = int(max_bytes)
         self.read, self.write = read, write
 
+    @classmethod
+    def for_run(cls, driving: DriverOptions) -> "StageCache | None":
+        """The cache a run uses: only with `cache_dir`. A run that must see every stage
+        (dump_dir, print_after_change) stores but does not load; a resumed run has no capture
+        to key it. None while a fix is switched off: no key holds the switches."""
+        if not driving.cache or not driving.cache_dir or driving.resume_from:
+            return None
+        from compiler.ir.fix_switches import switched_off
+
+        if switched_off():
+            logger.info("stage cache not used: fixes are switched off (%s)", ", ".join(switched_off()))
+            return None
+        return cls(
+            os.path.expanduser(driving.cache_dir),
+            driving.cache_max_mb * 2**20,
+            read=not (driving.dump_dir or driving.print_after_change),
+            write=driving.verify,  # only verified outputs are trusted by later runs
+        )
+
     # --- keys ------------------------------------------------------------------
 
     def keys(self, captured: Any, stages: Sequence[str], config: CompileConfig) -> dict[str, str] | None:
@@ -199,10 +218,10 @@ class StageCache:
             "versions": dependency_versions(),
             "project": project_version(),
         }
-        key = _hash({**common, "stage": "capture", "content": content})
+        key = hash_key({**common, "stage": "capture", "content": content})
         keys: dict[str, str] = {}
         for stage in stages:
-            key = _hash({
+            key = hash_key({
                 **common,
                 "input": key,
                 "stage": stage,
@@ -238,10 +257,10 @@ class StageCache:
                     "stage cache: ignoring the unreadable entry for %s (%s: %s); it is rebuilt",
                     stage, type(exc).__name__, exc,
                 )
-                _remove(path)
+                remove(path)
                 continue
             seconds = time.perf_counter() - start
-            _touch(path)
+            touch(path)
             records = [self._record(s, self._meta_or_none(keys[s], s)) for s in order[:index]]
             records.append(self._record(stage, meta, seconds))
             logger.info("stage cache: loaded %s's output in %.3f s, skipping %s", stage, seconds, ", ".join(order[: index + 1]))
@@ -250,8 +269,7 @@ class StageCache:
 
     def _load(self, path: str, stage: str, key: str) -> tuple[Any, dict]:
         with zipfile.ZipFile(path) as archive:
-            meta = json.loads(archive.read(_member(archive, META)))
-            _check_meta(meta, stage, key)
+            meta = read_meta(archive, stage, key)
             if meta["artifact"] is None:
                 raise _RowOnly
             if meta["artifact"] == "ExecutorchProgram":
@@ -280,13 +298,12 @@ class StageCache:
         path = self.path(key)
         try:
             with zipfile.ZipFile(path) as archive:
-                meta = json.loads(archive.read(_member(archive, META)))
-            _check_meta(meta, stage, key)
+                meta = read_meta(archive, stage, key)
         except Exception as exc:
             if os.path.exists(path):
                 logger.debug("stage cache: no report row for %s (%s)", stage, exc)
             return None
-        _touch(path)
+        touch(path)
         return meta
 
     @staticmethod
@@ -324,6 +341,27 @@ class StageCache:
         row.pop("messages", None)
         kind = None if row_only else type(artifact).__name__
         meta = {"format": CACHE_FORMAT, "key": key, "stage": stage, "artifact": kind, "record": row}
+
+        def write(temp: str) -> None:
+            if row_only:
+                write_zip(temp, {META: json.dumps(meta, default=repr)})
+            elif isinstance(artifact, ExecutorchProgram):
+                meta["program"] = {
+                    "operators": list(artifact.operators),
+                    "delegates": list(artifact.delegates),
+                    "plan": artifact.plan.to_json(),
+                    "kernel_calls": artifact.kernel_calls,
+                    "delegate_calls": artifact.delegate_calls,
+                }
+                write_zip(temp, {META: json.dumps(meta, default=repr), _PTE: artifact.pte})
+            else:
+                save_stage_file(temp, artifact, stage, config, extra={META: json.dumps(meta, default=repr)})
+
+        return self.write_entry(key, f"{stage}'s output", write)
+
+    def write_entry(self, key: str, what: str, write: Callable[[str], None]) -> bool:
+        """`write(path)` into a temporary file of the folder, renamed to `key`'s entry when it
+        returns (so processes may share the folder); False (logged) when it fails."""
         try:
             os.makedirs(self.directory, exist_ok=True)
             fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=ENTRY_SUFFIX, dir=self.directory)
@@ -333,28 +371,13 @@ class StageCache:
             return False
         start = time.perf_counter()
         try:
-            if row_only:
-                with zipfile.ZipFile(temp, "w") as archive:
-                    archive.writestr(META, json.dumps(meta, default=repr))
-            elif isinstance(artifact, ExecutorchProgram):
-                meta["program"] = {
-                    "operators": list(artifact.operators),
-                    "delegates": list(artifact.delegates),
-                    "plan": artifact.plan.to_json(),
-                    "kernel_calls": artifact.kernel_calls,
-                    "delegate_calls": artifact.delegate_calls,
-                }
-                with zipfile.ZipFile(temp, "w") as archive:
-                    archive.writestr(META, json.dumps(meta, default=repr))
-                    archive.writestr(_PTE, artifact.pte)
-            else:
-                save_stage_file(temp, artifact, stage, config, extra={META: json.dumps(meta, default=repr)})
+            write(temp)
             os.replace(temp, self.path(key))
         except Exception as exc:
-            _remove(temp)
-            logger.warning("stage cache: could not store %s's output (%s: %s)", stage, type(exc).__name__, exc)
+            remove(temp)
+            logger.warning("stage cache: could not store %s (%s: %s)", what, type(exc).__name__, exc)
             return False
-        logger.debug("stage cache: stored %s's output in %.3f s", stage, time.perf_counter() - start)
+        logger.debug("stage cache: stored %s in %.3f s", what, time.perf_counter() - start)
         self.evict()
         return True
 
@@ -386,14 +409,14 @@ class StageCache:
                 continue
             if name.startswith(_TEMP_PREFIX):
                 if now - info.st_mtime > _STALE_TEMP_SECONDS:
-                    _remove(path)
+                    remove(path)
             elif name.endswith(ENTRY_SUFFIX):
                 entries.append((info.st_mtime, info.st_size, path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes:
                 break
-            _remove(path)
+            remove(path)
             total -= size
             logger.debug("stage cache: evicted %s", os.path.basename(path))
 
@@ -437,6 +460,19 @@ class _RowOnly(Exception):
     """The entry holds a stage's report row, not its output."""
 
 
+def write_zip(path: str, members: Mapping[str, str | bytes]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+def read_meta(archive: zipfile.ZipFile, stage: str, key: str) -> dict:
+    """An entry's JSON member, refused unless it is of this format, key and stage."""
+    meta = json.loads(archive.read(_member(archive, META)))
+    _check_meta(meta, stage, key)
+    return meta
+
+
 def _member(archive: zipfile.ZipFile, name: str) -> str:
     for member in archive.namelist():
         if member == name or member.endswith("/" + name):
@@ -451,14 +487,14 @@ def _check_meta(meta: dict, stage: str, key: str) -> None:
         )
 
 
-def _touch(path: str) -> None:
+def touch(path: str) -> None:
     try:
         os.utime(path)
     except OSError:
         pass
 
 
-def _remove(path: str) -> None:
+def remove(path: str) -> None:
     try:
         os.remove(path)
     except OSError:

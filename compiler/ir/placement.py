@@ -9,19 +9,17 @@ lower stage replays.
 from __future__ import annotations
 
 import collections
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
-import torch
-from torch.export import ExportedProgram
-from torch.utils import _pytree as pytree
 
-from executorch.exir.backend.compile_spec_schema import CompileSpec
-from executorch.exir.backend.partitioner import DelegationSpec
-
-from compiler.ir.dialect import op_name
-from compiler.ir.graph import DELEGATION_TAG, op_nodes
 from compiler.ir.targets import BY_DELEGATE_ID
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+    from executorch.exir.backend.partitioner import DelegationSpec
 
 CPU = "cpu"
 # The node meta key under which a backend says what it makes of a node it took (a quantized
@@ -50,6 +48,9 @@ def cpu_kernel(op: str) -> str:
 
 
 def _dtypes(node: torch.fx.Node) -> list[str]:
+    import torch
+    from torch.utils import _pytree as pytree
+
     leaves = pytree.tree_leaves(node.meta.get("val"))
     return [str(leaf.dtype).removeprefix("torch.") for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
@@ -120,6 +121,23 @@ class BackendShare:
 
 
 @attrs.frozen
+class ReportedSpec:
+    """A compile spec as a report reads it (ExecuTorch's `CompileSpec` has the same fields)."""
+
+    key: str
+    value: bytes
+
+
+@attrs.frozen
+class ReportedPartition:
+    """A partition's backend and compile specs as a report reads them (ExecuTorch's
+    `DelegationSpec` has the same fields), for a plan loaded without importing ExecuTorch."""
+
+    backend_id: str
+    compile_specs: Any = attrs.field(converter=tuple)  # of ReportedSpec
+
+
+@attrs.frozen
 class PlacementPlan:
     nodes: tuple[NodePlacement, ...]
     # Delegation tag -> the backend and compile specs its nodes are lowered with.
@@ -135,6 +153,9 @@ class PlacementPlan:
         partitions: Mapping[str, DelegationSpec],
         cpu_reasons: Mapping[str, str],
     ) -> "PlacementPlan":
+        from compiler.ir.dialect import op_name
+        from compiler.ir.graph import DELEGATION_TAG, op_nodes
+
         placements = []
         for node in op_nodes(ep):
             tag = node.meta.get(DELEGATION_TAG)
@@ -236,11 +257,18 @@ class PlacementPlan:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "PlacementPlan":
+    def from_json(cls, data: dict, *, for_report: bool = False) -> "PlacementPlan":
+        """The plan `to_json` wrote. `for_report`: its partitions as `ReportedPartition`s, which
+        need no ExecuTorch import but cannot be lowered (a program cache hit's report)."""
+        if for_report:
+            make_spec, make_partition = ReportedSpec, ReportedPartition
+        else:
+            from executorch.exir.backend.compile_spec_schema import CompileSpec as make_spec
+            from executorch.exir.backend.partitioner import DelegationSpec as make_partition
         partitions = {
-            tag: DelegationSpec(
+            tag: make_partition(
                 spec["backend_id"],
-                [CompileSpec(key, bytes.fromhex(value)) for key, value in spec["compile_specs"]],
+                [make_spec(key, bytes.fromhex(value)) for key, value in spec["compile_specs"]],
             )
             for tag, spec in data["partitions"].items()
         }

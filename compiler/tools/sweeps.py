@@ -19,14 +19,17 @@ imported the pipeline once, or a Ray task
 (`ray_address`). It builds the model, calls `compiler.compile` (with the stage cache when
 `cache_dir` is given) and returns the `.pte` bytes with the job's `SweepRow`; the caller
 writes the output file (Ray nodes may not share a disk). A failing job is recorded with its
-error and the others go on. This module imports no torch: the parent only reads the jobs
-and dispatches them; the workers import the pipeline.
+error and the others go on. This module imports no torch: the parent reads the jobs, serves
+each job without a check whose program the program cache holds
+(`compiler.driver.program_cache`: no worker, no capture, no torch) and dispatches the rest;
+the workers import the pipeline. A sweep whose every job is served starts no workers.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import time
@@ -39,6 +42,8 @@ from compiler.models import catalog
 from compiler.driver import config, dynamic_dims
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.process.writable import prove_file_writable
+
+logger = logging.getLogger(__name__)
 
 # Keys of a job besides the compile options (`compiler.driver.config.options()`).
 JOB_KEYS = ("model", "backend", "backend_options", "dynamic_dim", "check", "tolerance", "output")
@@ -397,6 +402,22 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
 
     module, inputs, own = resolve_model(job.model)
     dynamic_shapes = api.model_dynamic_shapes(job.model, module, inputs, own, job.dynamic_dim)
+    options = _options(job, cache_dir, cache, cache_max_mb)
+    artifact = api.compile(module, inputs, job.backend, backend_options=job.backend_options or None,
+                           dynamic_shapes=dynamic_shapes, **options)
+    programs = _program_cache(job, options)
+    if programs is not None:
+        programs.store(artifact.pte, artifact.report)
+    check = None
+    if job.check:
+        from compiler.running import runtime
+
+        check = runtime.compare_with_eager(artifact, module, inputs, tolerance=job.tolerance).to_json()
+    return JobResult(_done_row(base, artifact.report, artifact.pte, check, start), artifact.pte)
+
+
+def _options(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | None) -> dict[str, Any]:
+    """The job's compile options with the sweep's cache settings (unless the job sets its own)."""
     options = dict(job.options)
     if cache_dir is not None and "cache_dir" not in options and _has_run_option("cache_dir"):
         options["cache_dir"] = cache_dir
@@ -404,26 +425,46 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
         options.setdefault("cache", cache)
     if cache_max_mb is not None and _has_run_option("cache_max_mb"):
         options.setdefault("cache_max_mb", cache_max_mb)
-    artifact = api.compile(module, inputs, job.backend, backend_options=job.backend_options or None,
-                           dynamic_shapes=dynamic_shapes, **options)
-    report = artifact.report
-    check = None
-    if job.check:
-        from compiler.running import runtime
+    return options
 
-        check = runtime.compare_with_eager(artifact, module, inputs, tolerance=job.tolerance).to_json()
-    row = SweepRow(
+
+def _program_cache(job: Job, options: Mapping[str, Any]):
+    """The job's `ProgramCache` (None when its run is not cached)."""
+    from compiler.driver.program_cache import ProgramCache
+
+    return ProgramCache.for_run(job.model, job.backend, job.backend_options, options, job.dynamic_dim)
+
+
+def _from_program_cache(job: Job, common: Mapping[str, Any]) -> JobResult | None:
+    """A job without a check whose program the program cache holds, served here: no worker,
+    no torch (None: the job runs in a worker)."""
+    start = time.perf_counter()
+    if job.check:
+        return None
+    try:
+        programs = _program_cache(job, _options(job, **common))
+        cached = programs.load() if programs is not None else None
+    except Exception as error:  # noqa: BLE001 - the worker meets it again and records it as the job's
+        logger.info("job %s: program cache not used (%s: %s)", job.label, type(error).__name__, error)
+        return None
+    if cached is None:
+        return None
+    return JobResult(_done_row(_base(job), cached.report, cached.pte, None, start), cached.pte)
+
+
+def _done_row(base: Mapping[str, Any], report: Any, pte: bytes, check: Mapping[str, Any] | None,
+              start: float) -> SweepRow:
+    return SweepRow(
         **base,
         status=STATUS_OK if check is None or check["passed"] else STATUS_MISMATCH,
         seconds=time.perf_counter() - start,
         cached_stages=tuple(r.stage for r in report.stages if getattr(r, "cached", False)),
-        pte_bytes=len(artifact.pte),
+        pte_bytes=len(pte),
         delegated=_delegated(report),
         check=check,
         compile_seconds=report.total_seconds,
         stage_seconds={r.stage: r.seconds + r.verify_seconds for r in report.stages},
     )
-    return JobResult(row, artifact.pte)
 
 
 def failed_row(base: Mapping[str, Any], error: BaseException, seconds: float) -> SweepRow:
@@ -506,10 +547,17 @@ def sweep(
         if on_result is not None:
             on_result(row)
 
-    if ray_address is not None:
-        _run_on_ray(expanded, ray_address, common, finished)
-    else:
-        _run_in_pool(expanded, workers or os.cpu_count() or 1, common, finished)
+    pending = []
+    for job in expanded:
+        served = _from_program_cache(job, common)
+        if served is not None:
+            finished(job, served)
+        else:
+            pending.append(job)
+    if pending and ray_address is not None:
+        _run_on_ray(pending, ray_address, common, finished)
+    elif pending:
+        _run_in_pool(pending, workers or os.cpu_count() or 1, common, finished)
     return [rows[job.number] for job in expanded]
 
 
