@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+import contextlib
+from typing import Any, ClassVar, ContextManager
 
 import attrs
 
 from compiler.backends.base import Backend
+from compiler.ir.private_api import exported_program_validation_skipped
 from compiler.stages import row_for_module
 from compiler.stages.options import NoOptions
 
@@ -24,6 +26,12 @@ class StageContext:
     dependency_checks: bool = False
     # Numbers the stage wants in the report (e.g. constants folded); filled by `apply`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
+
+    def program_checks_skipped(self) -> ContextManager[None]:
+        """No whole-program validation by torch or ExecuTorch inside the block, unless the run
+        asked for `dependency_checks`: each ExportedProgram built there validates itself, and
+        our verification validates the stage's output once (`program_validates`)."""
+        return contextlib.nullcontext() if self.dependency_checks else exported_program_validation_skipped()
 
 
 class Stage(abc.ABC):

@@ -273,7 +273,8 @@ class DryRun(Stage, takes=AtenProgram, returns=PlannedProgram):
             ctx.metrics["skipped"] = skipped
             return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
-        dropped, edge, seconds = dry_run(program, ctx.backend, kept)
+        with ctx.program_checks_skipped():
+            dropped, edge, seconds = dry_run(program, ctx.backend, kept)
         plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), {**refused, **dropped})
         ctx.metrics["kept"] = len(plan.nodes)
         if dropped:

@@ -22,7 +22,6 @@ from compiler.ir.graph import DELEGATION_TAG, legalize_in_place
 from compiler.ir.placement import PlacementPlan
 from compiler.ir.private_api import (
     constants_kept,
-    exported_program_validation_skipped,
     partitions_fused_without_graph_copies,
 )
 from compiler.stages.base import Stage, StageContext
@@ -60,9 +59,7 @@ class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
             # `to_backend` re-sorts the whole graph by copying it after fusing each partition:
             # the same order in place, so a partition's fusion costs its own size, not the program's.
             stack.enter_context(partitions_fused_without_graph_copies(legalize_in_place))
-            if not ctx.dependency_checks:
-                # Our verification validates this stage's input and output (program_validates).
-                stack.enter_context(exported_program_validation_skipped())
+            stack.enter_context(ctx.program_checks_skipped())
             lowered = to_backend(spec)[METHOD]
         # `to_backend` deep-copies each partition's program, weights included, for the
         # backend's `preprocess`, whose passes keep the copy in reference cycles. Left to the
