@@ -308,7 +308,8 @@ def render(results: dict) -> str:
                 f"{r['dry_run_running_added_s']:.3f}",
                 f"{r['dry_run_running_fraction']:.1%}",
             ])
-        lines += ["```", *_table(header, rows), "```", ""]
+        if rows:
+            lines += ["```", *_table(header, rows), "```", ""]
         for depth, r in per_backend["depths"].items():
             if "stock_error" in r:
                 lines.append(f"depth {depth} stock failed: {r['stock_error']}")
@@ -322,12 +323,19 @@ def render(results: dict) -> str:
             if "scaling_stock" in per_backend:
                 scaling += f", stock {per_backend['scaling_stock']:.2f}"
             lines += [scaling, ""]
-    if "gpt2" in results:
-        r = results["gpt2"]
-        lines.append(
-            f"GPT-2 (model suite), {r['layers']} layers, n_embd=128, Core ML: stock {r['stock']['total']:.2f} s, "
-            f"ours {r['ours']['total']:.2f} s, ours/stock {r['ratio_total']:.2f}"
-        )
+        if "gpt2" in per_backend:
+            r = per_backend["gpt2"]
+            stock = f"stock {r['stock']['total']:.2f} s" if "stock" in r else f"stock failed ({r['stock_error']})"
+            line = f"GPT-2 (model suite), {r['layers']} layers, n_embd=128: {stock}, ours {r['ours']['total']:.2f} s"
+            if "stock" in r:
+                line += (
+                    f", ours/stock {r['ratio_total']:.2f}; heap MB stock/ours "
+                    f"{r['stock']['heap_growth_mb']:.0f}/{r['ours']['heap_growth_mb']:.0f} ({r['ratio_heap']:.2f})"
+                )
+            lines += [line, ""]
+            if "stock" in r:
+                lines.append("GPT-2 stock: " + ", ".join(f"{k} {v:.2f}" for k, v in r["stock"]["stages"].items()))
+            lines += ["GPT-2 ours:  " + ", ".join(f"{k} {v:.2f}" for k, v in r["ours"]["stages"].items()), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -337,7 +345,9 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--depths", type=int, nargs="+", default=[12, 24, 48])
     parser.add_argument("--runs", type=int, default=3, help="compiles each way per depth; the median is reported")
-    parser.add_argument("--no-gpt2", action="store_true", help="leave out the 48-layer GPT-2")
+    parser.add_argument("--no-gpt2", action="store_true", help="leave out the model suite's GPT-2")
+    parser.add_argument("--gpt2-layers", type=int, default=48, help="GPT-2's depth (each backend benchmarked)")
+    parser.add_argument("--no-stacks", action="store_true", help="only GPT-2: leave out the transformer stacks")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--markdown", help="write the tables here")
     args = parser.parse_args()
@@ -350,7 +360,7 @@ def main() -> None:
         our_compile(*stack(1), backend)  # warm-up: imports, registries, converter tables
         stock_compile(*stack(1), backend)
         per_backend = {"depths": {}}
-        for depth in depths:
+        for depth in [] if args.no_stacks else depths:
             result = compare("stack", depth, backend, runs)
             running, _ = our_compile(*frame_stack(depth), backend)
             result |= {
@@ -365,17 +375,16 @@ def main() -> None:
             stock = f"{result['stock']['total']:.2f} s" if "stock" in result else "failed"
             print(f"{backend} depth {depth}: stock {stock}, ours {result['ours']['total']:.2f} s", flush=True)
         first, last = min(depths), max(depths)
-        if last != first:
+        if last != first and not args.no_stacks:
             at = per_backend["depths"]
             per_backend |= {"first": first, "last": last, "scaling_ours": at[last]["ours"]["total"] / at[first]["ours"]["total"]}
             if "stock" in at[first] and "stock" in at[last]:
                 per_backend["scaling_stock"] = at[last]["stock"]["total"] / at[first]["stock"]["total"]
+        if not args.no_gpt2 and gpt2(1) is not None:
+            layers = 4 if args.quick else args.gpt2_layers
+            per_backend["gpt2"] = {"layers": layers, **compare("gpt2", layers, backend, runs)}
+            print(f"{backend} gpt2 {layers}: ours {per_backend['gpt2']['ours']['total']:.2f} s", flush=True)
         results["backends"][backend] = per_backend
-
-    if "coreml" in backends and not args.no_gpt2:
-        layers = 4 if args.quick else 48
-        if gpt2(layers) is not None:
-            results["gpt2"] = {"layers": layers, **compare("gpt2", layers, "coreml", 1)}
 
     text = render(results)
     print("\n" + text)
