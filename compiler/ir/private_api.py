@@ -473,6 +473,24 @@ def coreml_progress_bars(bar: Callable[..., Any]) -> Iterator[None]:
         ops._tqdm, pass_pipeline.tqdm = saved
 
 
+@contextlib.contextmanager
+def coreml_conversion_state_reset_on_failure() -> Iterator[None]:
+    """coremltools names the MIL ops it builds from process-wide counters (`Builder.name_count`:
+    `linear_0`, `cast_1`...) and records the shape symbols it made (`k_used_symbols`), and
+    resets both (`converter._reset_conversion_state`) only once a conversion has succeeded: one
+    that fails (an `InvalidBlockStateError` mid-pipeline) leaves them counting, and the next
+    conversion in the process names its ops differently (`linear_8`), so the same program gives
+    another payload. If the block raises, this resets them as a success would.
+    Checked against coremltools 9.0."""
+    from coremltools.converters.mil.converter import _reset_conversion_state
+
+    try:
+        yield
+    except BaseException:
+        _reset_conversion_state()
+        raise
+
+
 # --- Checks the dependencies repeat (ExecuTorch's to_backend, coremltools) ---------
 #
 # Each entry makes one dependency check do nothing in the thread that enters it, for the

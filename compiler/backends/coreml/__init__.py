@@ -42,7 +42,12 @@ from compiler.process.collector import collect
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
-from compiler.ir.private_api import coreml_payloads_rewritten, coreml_progress_bars, mil_pass_validation_skipped
+from compiler.ir.private_api import (
+    coreml_conversion_state_reset_on_failure,
+    coreml_payloads_rewritten,
+    coreml_progress_bars,
+    mil_pass_validation_skipped,
+)
 
 BACKEND_ID = _ExecutorchCoreMLBackend.__name__
 STAGE = "partition"
@@ -349,8 +354,10 @@ class CoreMLBackend(Backend):
         """Our conversion fixes, coremltools' progress bars as steps of the lower stage's line,
         payloads made reproducible (`payload.reproducible`: content-derived identifiers instead
         of stock's random ones), and (unless `dependency_checks`) no MIL validation after each
-        of coremltools' passes."""
+        of coremltools' passes. A conversion that fails leaves no coremltools naming state
+        behind (`coreml_conversion_state_reset_on_failure`): later payloads stay reproducible."""
         stack = contextlib.ExitStack()
+        stack.enter_context(coreml_conversion_state_reset_on_failure())
         stack.enter_context(conversion.installed())
         stack.enter_context(coreml_payloads_rewritten(_reproducible))
         stack.enter_context(coreml_progress_bars(progress.steps))
