@@ -10,43 +10,19 @@ invariant refuses it by name.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, Callable, NamedTuple
 
 import torch
-from torch._guards import detect_fake_mode
 
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.kernel_limits import KERNEL_LIMITS, kernel_limit
+from compiler.ir.node_builder import Builder
 from compiler.ir.private_api import edge_ops
 
 logger = logging.getLogger(__name__)
 
 edge = edge_ops().edge.aten
-
-# Metadata a new node takes from the node it replaces: where it came from in the model.
-_KEPT_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node")
-
-
-class _Builder:
-    """Inserts Edge calls before `node`, each with the fake value the op gives, as a retrace would."""
-
-    def __init__(self, node: torch.fx.Node) -> None:
-        self.node = node
-        self.graph = node.graph
-        self.mode = detect_fake_mode([n.meta.get("val") for n in self.graph.nodes if n.op == "placeholder"])
-        self.made: list[torch.fx.Node] = []
-
-    def __call__(self, op, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        with self.graph.inserting_before(self.node):
-            new = self.graph.call_function(op, args, kwargs)
-        fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        with self.mode or contextlib.nullcontext():
-            new.meta["val"] = op(*fake_args, **fake_kwargs)
-        new.meta.update({key: self.node.meta[key] for key in _KEPT_META if key in self.node.meta})
-        self.made.append(new)
-        return new
 
 
 def _static_shape(value: Any) -> list[int] | None:
@@ -80,7 +56,7 @@ def _conv_sizes(node: torch.fx.Node) -> _ConvSizes | None:
     return _ConvSizes(n, c, depth, h, w, out_channels, out_depth, out_h, out_w, weight[2])
 
 
-def conv3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+def conv3d_as_conv2d(node: torch.fx.Node, build: Builder) -> torch.fx.Node | None:
     """A 3-D convolution as one 2-D convolution per depth tap, summed: the portable kernel
     takes 3-D and 4-D inputs only. Tap k reads the depth-padded input at depths
     d * stride + k * dilation for every output depth d (one strided slice, folded into the
@@ -111,7 +87,7 @@ def conv3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | No
     return build(edge.permute_copy.default, folded, [0, 2, 1, 3, 4])
 
 
-def conv_transpose3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+def conv_transpose3d_as_conv2d(node: torch.fx.Node, build: Builder) -> torch.fx.Node | None:
     """A transposed 3-D convolution as one transposed 2-D convolution per depth tap, each
     placed at its output depths and summed: the portable kernel takes 3-D and 4-D inputs
     only. Input depth i with tap k lands on output depth i * stride + k * dilation - padding:
@@ -150,7 +126,7 @@ def conv_transpose3d_as_conv2d(node: torch.fx.Node, build: _Builder) -> torch.fx
     return build(edge.add.Tensor, result, build(edge.view_copy.default, bias, [1, out_channels, 1, 1, 1]))
 
 
-def zero_dim_as_one_element(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+def zero_dim_as_one_element(node: torch.fx.Node, build: Builder) -> torch.fx.Node | None:
     """The op on a 0-d input as the same op on that value viewed as one element, the
     result viewed back to the node's shape: the kernel refuses a dim argument on a 0-d
     input, where torch takes dim 0 or -1 as the tensor itself."""
@@ -162,7 +138,7 @@ def zero_dim_as_one_element(node: torch.fx.Node, build: _Builder) -> torch.fx.No
     return build(edge.view_copy.default, called, out_shape)
 
 
-def negative_pad_as_slice(node: torch.fx.Node, build: _Builder) -> torch.fx.Node | None:
+def negative_pad_as_slice(node: torch.fx.Node, build: Builder) -> torch.fx.Node | None:
     """A negative padding as a slice that crops there, then the non-negative padding: the
     kernel takes non-negative padding only. torch crops the input the same way before it
     pads, so the values and the fill are the same."""
@@ -180,7 +156,7 @@ def negative_pad_as_slice(node: torch.fx.Node, build: _Builder) -> torch.fx.Node
 
 # Limit name -> its rewrite: (node, builder) -> the node standing for the result, or None
 # when it cannot rewrite this call.
-REWRITES: dict[str, Callable[[torch.fx.Node, _Builder], torch.fx.Node | None]] = {
+REWRITES: dict[str, Callable[[torch.fx.Node, Builder], torch.fx.Node | None]] = {
     "conv3d": conv3d_as_conv2d,
     "conv_transpose3d": conv_transpose3d_as_conv2d,
     "cumsum_0d": zero_dim_as_one_element,
@@ -204,7 +180,7 @@ def rewrite_for_cpu_kernels(
         rewrite = REWRITES.get(limit.name) if limit else None
         if rewrite is None:
             continue
-        build = _Builder(node)
+        build = Builder(node)
         result = rewrite(node, build)
         if result is None:
             for new in reversed(build.made):
