@@ -14,7 +14,7 @@ from executorch.exir.backend.canonical_partitioners.config_partitioner import fo
 from executorch.exir.backend.utils import WhyNoPartition
 
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.xnnpack import quantized, rules
+from compiler.backends.xnnpack import moves, quantized, rules
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import DELEGATED_REASON
 from compiler.ir.private_api import exir_pass_checks_skipped, partition_merges_checked_by_sets
@@ -55,6 +55,7 @@ class XnnpackBackend(Backend):
     """Options are those of `XnnpackPartitioner` (configs, config_precisions, per_op_mode, ...)."""
 
     name = "xnnpack"
+    folds_decomposed_constants = True
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -77,6 +78,7 @@ class XnnpackBackend(Backend):
         dequantized_here = rules.dequantize_with_plain_ops(program)  # stock would drop their scales
         rules.tanh_gelu_as_plain_ops(program)  # stock would compute the exact GELU
         rules.hardtanh_bounds_spelled_out(program)  # stock would fail on hardtanh(x, min_val)
+        moves.move_into_xnnpack(program)  # CPU ops between delegated ones, in ops XNNPACK takes
         refused = rules.refused_nodes(program)
         # Stock's search, with its check that two partitions can merge made in time that does
         # not grow with the program (the same answers).

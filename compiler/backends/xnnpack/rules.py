@@ -222,7 +222,7 @@ def _gemms_reading(weight: torch.fx.Node) -> list[torch.fx.Node]:
     return found
 
 
-def _replace(program: ExportedProgram, old: torch.fx.Node, new: torch.fx.Node) -> None:
+def replace_uses(program: ExportedProgram, old: torch.fx.Node, new: torch.fx.Node) -> None:
     """Every use of `old` reads `new`, the program's output list included."""
     old.replace_all_uses_with(new)
     for spec in program.graph_signature.output_specs:
@@ -280,7 +280,7 @@ def dequantize_with_plain_ops(program: ExportedProgram) -> dict[str, str]:
         reason = scales_dropped(node)
         before = set(graph.nodes)
         weight = _decompose_dequantize(graph, node)
-        _replace(program, node, weight)
+        replace_uses(program, node, weight)
         graph.erase_node(node)
         for new in set(graph.nodes) - before:
             made[new.name] = f"part of {node.name}: {reason}"
@@ -301,21 +301,27 @@ def _tanh_gelu(node: torch.fx.Node) -> bool:
     )
 
 
-class _Coefficients:
-    """0-d float constants, lifted once per program: XNNPACK takes a binary op with a tensor
-    operand only (an Edge op with a Python number in a Tensor argument fails the verifier)."""
+class Constants:
+    """Constants lifted once per program, named `prefix_i`: XNNPACK takes a binary op with tensor
+    operands only (an Edge op with a Python number in a Tensor argument fails the verifier), and a
+    float matrix multiply with a constant weight only."""
 
-    def __init__(self, program: ExportedProgram) -> None:
-        self.program = program
+    def __init__(self, program: ExportedProgram, prefix: str) -> None:
+        self.program, self.prefix = program, prefix
         self.fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in program.graph.nodes])
-        self.nodes: dict[tuple[float, torch.dtype], torch.fx.Node] = {}
+        self.nodes: dict[tuple, torch.fx.Node] = {}
 
     def __call__(self, value: float, dtype: torch.dtype) -> torch.fx.Node:
-        if (value, dtype) not in self.nodes:
+        """A 0-d constant."""
+        return self.tensor(torch.tensor(value, dtype=dtype))
+
+    def tensor(self, value: torch.Tensor) -> torch.fx.Node:
+        key = (value.dtype, tuple(value.shape), value.numpy().tobytes())
+        if key not in self.nodes:
             taken = set(self.program.constants) | {n.name for n in self.program.graph.nodes}
-            name = next(f"_gelu_coefficient_{i}" for i in range(len(taken) + 1) if f"_gelu_coefficient_{i}" not in taken)
-            self.nodes[value, dtype] = lift_constant(self.program, name, torch.tensor(value, dtype=dtype), self.fake_mode)
-        return self.nodes[value, dtype]
+            name = next(f"{self.prefix}_{i}" for i in range(len(taken) + 1) if f"{self.prefix}_{i}" not in taken)
+            self.nodes[key] = lift_constant(self.program, name, value, self.fake_mode)
+        return self.nodes[key]
 
 
 def tanh_gelu_as_plain_ops(program: ExportedProgram) -> int:
@@ -324,7 +330,7 @@ def tanh_gelu_as_plain_ops(program: ExportedProgram) -> int:
         return 0
     graph = program.graph_module.graph
     gelus = [n for n in graph.nodes if _tanh_gelu(n)]
-    coefficient = _Coefficients(program)
+    coefficient = Constants(program, "_gelu_coefficient")
     mul, add = exir_ops.edge.aten.mul.Tensor, exir_ops.edge.aten.add.Tensor
     for node in gelus:
         x = node.args[0]
@@ -335,7 +341,7 @@ def tanh_gelu_as_plain_ops(program: ExportedProgram) -> int:
             inner = _binary(graph, mul, _binary(graph, add, x, _binary(graph, mul, cube, cubic, torch.mul), torch.add), scale, torch.mul)
             tanh = _call(graph, exir_ops.edge.aten.tanh.default, (inner,), torch.tanh(inner.meta["val"]))
             gelu = _binary(graph, mul, _binary(graph, mul, x, half, torch.mul), _binary(graph, add, tanh, one, torch.add), torch.mul)
-        _replace(program, node, gelu)
+        replace_uses(program, node, gelu)
         graph.erase_node(node)
     if gelus:
         program.graph_module.recompile()
