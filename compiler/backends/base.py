@@ -43,6 +43,9 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     # Dtypes this backend cannot take as a delegate input (Core ML: uint8, int8, ...).
     refused_input_dtypes: ClassVar[frozenset[torch.dtype]] = frozenset()
+    # Whether the partition search sees the constants decomposition computed folded (the float
+    # mask SDPA's decomposition makes of a constant bool mask, with `where` on the CPU otherwise).
+    folds_decomposed_constants: ClassVar[bool] = False
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:

@@ -182,9 +182,17 @@ def _all_constant(args: Any, known: dict[torch.fx.Node, Any]) -> bool:
     )
 
 
+def _one_element_fill(node: torch.fx.Node) -> bool:
+    """A fill of at most one element (`full([], True)`): as a constant it costs nothing, and what
+    it feeds folds then too (a causal mask built from sizes, which otherwise runs on the CPU
+    between the delegate's ops on every call)."""
+    value = node.meta.get("val")
+    return aten_overload(node.target) in _FILL_OPS and isinstance(value, torch.Tensor) and value.numel() <= 1
+
+
 def _foldable(node: torch.fx.Node, skip: frozenset) -> bool:
     target = node.target
-    if node.op != "call_function" or target in skip or node.is_impure():
+    if node.op != "call_function" or (target in skip and not _one_element_fill(node)) or node.is_impure():
         return False
     if target is operator.getitem:
         return True

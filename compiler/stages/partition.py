@@ -24,11 +24,13 @@ from torch.export.graph_signature import OutputKind
 from compiler.backends.base import Backend
 from compiler.ir.artifacts import EdgeProgram, PartitionedProgram
 from compiler.ir.convexity import Reentry, split_reentered_groups
+from compiler.ir.dialect import EDGE
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import DELEGATION_TAG, copy_program, op_nodes
 from compiler.ir.placement import PlacementPlan
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.cpu_rewrites import rewrite_for_cpu_kernels
+from compiler.stages.fold import default_skip_ops, fold_constants, needs_folding
 
 
 RETURNED_BUFFER_COPY = (
@@ -69,6 +71,8 @@ def split_reasons(paths: list[Reentry], reasons: dict[str, str]) -> dict[str, st
 def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     """The backend's partition search on a copy of `edge` (the dry run uses this too)."""
     program = copy_program(edge.program)
+    if backend.folds_decomposed_constants and needs_folding(program, skip := default_skip_ops(EDGE)):
+        fold_constants(program, EDGE, skip)
     result = backend.partition(program)
     pinned = returned_buffer_copies(program)
     for node in pinned:
