@@ -400,12 +400,12 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
     from compiler import api
     from compiler.models.examples import resolve_model
 
+    options = _options(job, cache_dir, cache, cache_max_mb)
+    programs = _program_cache(job, options)  # keyed before the model file is read
     module, inputs, own = resolve_model(job.model)
     dynamic_shapes = api.model_dynamic_shapes(job.model, module, inputs, own, job.dynamic_dim)
-    options = _options(job, cache_dir, cache, cache_max_mb)
     artifact = api.compile(module, inputs, job.backend, backend_options=job.backend_options or None,
                            dynamic_shapes=dynamic_shapes, **options)
-    programs = _program_cache(job, options)
     if programs is not None:
         programs.store(artifact.pte, artifact.report)
     check = None
