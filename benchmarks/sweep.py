@@ -1,23 +1,21 @@
-"""Sweep benchmark: a process pool's speed-up and a warm stage cache's.
+"""Sweep benchmark: a process pool's speed-up and a warm cache's.
 
     python -m benchmarks.sweep [--depths 16 14 12 10] [--backends xnnpack portable]
                                [--json benchmarks/results/sweep.json] [--markdown benchmarks/results/sweep.md]
 
 Eight jobs (transformer block stacks of four depths, d=64, for XNNPACK and portable, largest
-first so neither worker idles at the end; no two share a stage-cache key, so a cold sweep
-reuses nothing within itself) are compiled by
-`compiler.sweep` three times: cold with `workers=1`, cold with `workers=2` (each in a fresh
-cache folder), then the `workers=2` sweep again on its now warm cache. Times are the wall
-time of the whole `compiler.sweep` call in this process, worker start-up included; a one-job
-sweep first starts the fork server the workers fork from, so each timed run finds it
-running, as any later sweep in a process does. The warm sweep is also run as a fresh
-`python -m compiler sweep` process, which starts its own server (python, the pipeline's
-imports). Targets: 2 workers >= 1.6x faster than 1 on 2 cores; warm <= 0.1x the cold time.
-Where the warm sweep's time goes is split into worker start-up (forking, dispatch), building
-the models, capture (torch.export always runs: its program seeds the cache key), loading the
-cached stages, and the rest of each job (backend imports, hashing). The machine's load
-average before each run, and how many cores two pure-Python loops get at once right after
-it, are recorded beside it: on a shared machine other work takes cores a pool would use.
+first so neither worker idles at the end; no two share a cache key, so a cold sweep reuses
+nothing within itself) are compiled by `compiler.sweep` three times in this process: cold
+with `workers=1`, cold with `workers=2` (each in a fresh cache folder), then the `workers=2`
+sweep again on its now warm cache; a one-job sweep first starts the fork server the workers
+fork from, so each timed run finds it running, as any later sweep in a process does. Then
+the sweep runs as `python -m compiler sweep` in a fresh process twice, cold (an empty cache
+folder) and warm, as a user re-running it does (`benchmarks.fresh_process`): the warm one
+takes every job's program from the program cache and starts no worker. Targets: 2 workers
+>= 1.6x faster than 1 on 2 cores; warm <= 0.1x the cold time, in one process and as fresh
+processes. The machine's load average before each run, and how many cores two pure-Python
+loops get at once right after an in-process one, are recorded beside it: on a shared machine
+other work takes cores a pool would use; ratios within one run are what count.
 """
 
 from __future__ import annotations
@@ -25,11 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
+from benchmarks import fresh_process
 from compiler.stages import STAGE_NAMES
 from compiler.tools import sweeps
 
@@ -94,41 +91,37 @@ def timed(job_list, workers: int, cache_dir: str) -> dict:
     }
 
 
-def fresh_cli(job_list, folder: str, cache_dir: str) -> dict:
-    """The sweep as `python -m compiler sweep` in a new process: wall time, all included."""
+def _every_job_cached(count: int):
+    """Whether a `python -m compiler sweep` run's table says each of `count` jobs took every stage from the cache."""
+    def full_hit(done: dict) -> bool:
+        rows = [line for line in done["stdout"].splitlines() if ", ".join(STAGE_NAMES) in line]
+        return len(rows) == count
+    return full_hit
+
+
+def fresh_cli(job_list, folder: str) -> dict:
+    """The sweep as `python -m compiler sweep` in fresh processes: cold (an empty cache folder), then warm."""
     jobs_file = os.path.join(folder, "jobs.json")
     with open(jobs_file, "w") as f:
         json.dump(job_list, f)
-    load = os.getloadavg()[0]
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "compiler", "sweep", jobs_file, "--workers", "2",
-                           "--cache-dir", cache_dir], capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"the CLI sweep failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return {"wall_seconds": wall, "load_average_before": load}
-
-
-def where_warm_goes(warm: dict) -> list[tuple[str, float]]:
-    """The warm sweep's time, as the sum over jobs and the start-up (per worker, wall)."""
-    stages = warm["stage_seconds_sum"]
-    loads = sum(v for k, v in stages.items() if k != "capture")
-    rest = warm["job_seconds_sum"] - warm["compile_seconds_sum"]
-    return [
-        ("worker start-up (wall, fork from the running server + dispatch)", warm["startup_seconds"]),
-        ("capture (torch.export, always runs; summed over jobs)", stages["capture"]),
-        ("loading cached stages (summed)", loads),
-        ("building models, backend imports, hashing, returning (summed)", rest),
-    ]
+    arguments = ["sweep", jobs_file, "--workers", "2", "--cache-dir", os.path.join(folder, "cache-cli")]
+    count = len(sweeps.expand_jobs(job_list))
+    return fresh_process.cold_then_warm(arguments, fresh_process.snapshot(folder), _every_job_cached(count))
 
 
 def markdown(result: dict) -> str:
     cold1, cold2, warm = result["cold_workers_1"], result["cold_workers_2"], result["warm_workers_2"]
     speedup = cold1["wall_seconds"] / cold2["wall_seconds"]
     warm_ratio = warm["wall_seconds"] / cold2["wall_seconds"]
+    fresh = result["fresh_cli"]
+    loads = [run["load_average_before"] for run in (cold1, cold2, warm, fresh["cold"], fresh["warm"])]
     lines = [
         f"Sweep of {cold1['jobs']} jobs ({', '.join(result['models'])} x {', '.join(result['backends'])}) "
-        f"on {result['cpus']} CPUs; wall time of `compiler.sweep`, worker start-up included.",
+        f"on {result['cpus']} CPUs (`python -m benchmarks.sweep`). Load average before the runs: "
+        f"{min(loads):.1f} to {max(loads):.1f} on {result['cpus']} cores (this benchmark's previous run and others' "
+        "work on a shared machine); ratios within this run are what count.",
+        "",
+        "In one process (`compiler.sweep`, wall time, worker start-up included; the fork server already running):",
         "",
         "| run | workers | cache | wall s | sum of job s | cached stages | load avg before | cores free after |",
         "|---|---|---|---|---|---|---|---|",
@@ -138,25 +131,36 @@ def markdown(result: dict) -> str:
             f"| {name} | {run['workers']} | {cache} | {run['wall_seconds']:.1f} | {run['job_seconds_sum']:.1f} | "
             f"{run['cached_stages']} | {run['load_average_before']:.1f} | {run['parallel_capacity_after']:.2f} |"
         )
-    fresh = result["warm_fresh_cli"]
-    fresh_ratio = fresh["wall_seconds"] / cold2["wall_seconds"]
-    lines.append(f"| warm, fresh `python -m compiler sweep` process | 2 | the cold run's | {fresh['wall_seconds']:.1f} "
-                 f"| | | {fresh['load_average_before']:.1f} | |")
     lines += [
+        "",
+        f"As fresh processes (`{fresh['command']}`, all included: python, imports, the fork server when a job "
+        "needs a worker):",
+        "",
+        "| run | wall s | load avg before |",
+        "|---|---|---|",
+        f"| cold (empty cache) | {fresh['cold']['wall_seconds']:.1f} | {fresh['cold']['load_average_before']:.1f} |",
+        f"| warm (the cold run's cache) | {fresh['warm']['wall_seconds']:.2f} | "
+        f"{fresh['warm']['load_average_before']:.1f} |",
         "",
         f"- 2 workers vs 1: {speedup:.2f}x faster (target >= 1.6x): {'met' if speedup >= 1.6 else 'missed'}",
         "  (`cores free`: how many of the 2 cores two pure-Python loops got at once, right after the run:"
         " 2.0 on an idle machine; a pool cannot beat it)",
-        f"- warm vs cold (2 workers): {warm_ratio:.3f}x the time (target <= 0.1x): "
-        f"{'met' if warm_ratio <= 0.1 else 'missed'}; as a fresh CLI process (its own server start, "
-        f"python and the parent's imports included): {fresh_ratio:.3f}x",
-        "",
-        "Where the warm sweep's time goes:",
-        "",
-        "| part | s |",
-        "|---|---|",
+        f"- warm vs cold in one process (2 workers): {warm_ratio:.3f}x the time (target <= 0.1x): "
+        f"{'met' if warm_ratio <= 0.1 else 'missed'}",
     ]
-    lines += [f"| {part} | {seconds:.1f} |" for part, seconds in where_warm_goes(warm)]
+    if warm["cached_stages"] < warm["jobs"] * len(STAGE_NAMES):
+        lines.append(
+            "  (served by workers from the stage cache, capture included, not by the program cache: this process "
+            "computed the compiler's source digest once, and a source of the checkout changed during the run)"
+        )
+    lines += [
+        f"- warm vs cold as fresh processes: {fresh['warm_over_cold']:.3f}x the time (target <= 0.1x): "
+        f"{'met' if fresh['warm_over_cold'] <= 0.1 else 'missed'}; every job served from the program cache: "
+        f"{'yes' if fresh['warm_full_hit'] else 'NO'}",
+        f"- of the fresh warm run's {fresh['warm']['wall_seconds']:.2f} s, {fresh['startup_seconds']:.2f} s is python "
+        "and the CLI's imports; the rest is reading the jobs, computing their keys, loading the entries and writing "
+        "the outputs (no worker starts, no torch is imported)",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -182,8 +186,8 @@ def main() -> None:
             result[f"cold_workers_{workers}"] = timed(job_list, workers, cache_dir)
         print("warm sweep, 2 workers...", flush=True)
         result["warm_workers_2"] = timed(job_list, 2, os.path.join(folder, "cache-2"))
-        print("warm sweep, 2 workers, a fresh CLI process...", flush=True)
-        result["warm_fresh_cli"] = fresh_cli(job_list, folder, os.path.join(folder, "cache-2"))
+        print("cold then warm sweep, fresh CLI processes...", flush=True)
+        result["fresh_cli"] = fresh_cli(job_list, folder)
     text = markdown(result)
     print("\n" + text)
     for path, content in ((args.json, json.dumps(result, indent=2) + "\n"), (args.markdown, text)):
