@@ -21,6 +21,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -687,6 +688,77 @@ def mil_pass_validation_skipped() -> Iterator[None]:
         stack.enter_context(_replaced(PassPipelineManager, "apply_pipeline", _inside("in_mil_pass_pipeline")))
         stack.enter_context(_replaced(Program, "validate", _skipped_in_pipelines))
         stack.enter_context(_flag_set("skip_mil_pass_validation"))
+        yield
+
+
+def _without_nonreplaceable_vars(function: Any) -> bool:
+    """Whether no var of the MIL `function` is or reads a nonreplaceable one: no `constexpr_` op
+    anywhere in it and every var's set of such vars upstream already empty. Propagating the
+    sets through such a function changes nothing."""
+    if any(var.nonreplaceable_vars_upstream for var in function.inputs.values()):
+        return False
+    blocks = [function]
+    while blocks:
+        block = blocks.pop()
+        if any(var.nonreplaceable_vars_upstream for var in block._block_inputs):
+            return False
+        for op in block.operations:
+            if op.op_type.startswith("constexpr_"):
+                return False
+            if any(var.nonreplaceable_vars_upstream for var in op.outputs or ()):
+                return False
+            blocks.extend(op.blocks)
+    return True
+
+
+def _propagation_skipped_where_it_changes_nothing(original: Callable) -> Callable:
+    """`Block._propagate_nonreplaceable_vars`, returning at once for a function where it would
+    change nothing (`_without_nonreplaceable_vars`), in a thread that skips it."""
+    from coremltools.converters.mil.mil import Function
+
+    def call(block: Any) -> None:
+        if _flag("skip_idle_mil_propagation") and isinstance(block, Function) and _without_nonreplaceable_vars(block):
+            return None
+        return original(block)
+
+    return call
+
+
+def _unprinted_unless_logged(original: Callable) -> Callable:
+    """A MIL program's or block's `__str__`, a short placeholder inside a pass pipeline of a thread
+    that skips it while coremltools does not log at debug level (the text goes only to
+    `logger.debug`)."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> str:
+        if _flag("unprinted_mil_text") and _flag("in_mil_pass_pipeline") and not logging.getLogger(
+            "coremltools"
+        ).isEnabledFor(logging.DEBUG):
+            return f"<{type(self).__name__}: not printed, coremltools does not log at debug level>"
+        return original(self, *args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def mil_idle_work_skipped() -> Iterator[None]:
+    """Two things coremltools does for every one of its ~110 passes that, for most programs, have
+    no effect; while the block runs they are skipped in this thread where they have none.
+    Each block's exit re-propagates, over the whole function, which vars are downstream of a
+    compressed (`constexpr_`) weight (`Block._propagate_nonreplaceable_vars`); a function with no
+    such weight and no such var left gets the same empty sets again (20% of a depth-48 Core ML
+    lower under cProfile). And each pipeline, and two passes, format the whole program for a
+    `logger.debug` call that drops the text unless debug logging is on. Checked against
+    coremltools 9.0."""
+    from coremltools.converters.mil.mil import Block, Function, Program
+    from coremltools.converters.mil.mil.passes.pass_pipeline import PassPipelineManager
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced(PassPipelineManager, "apply_pipeline", _inside("in_mil_pass_pipeline")))
+        stack.enter_context(_replaced(Block, "_propagate_nonreplaceable_vars", _propagation_skipped_where_it_changes_nothing))
+        stack.enter_context(_replaced(Function, "__str__", _unprinted_unless_logged))
+        stack.enter_context(_replaced(Program, "__str__", _unprinted_unless_logged))
+        stack.enter_context(_flag_set("skip_idle_mil_propagation"))
+        stack.enter_context(_flag_set("unprinted_mil_text"))
         yield
 
 

@@ -46,6 +46,7 @@ from compiler.ir.private_api import (
     coreml_conversion_state_reset_on_failure,
     coreml_payloads_rewritten,
     coreml_progress_bars,
+    mil_idle_work_skipped,
     mil_pass_validation_skipped,
 )
 
@@ -354,13 +355,15 @@ class CoreMLBackend(Backend):
         """Our conversion fixes, coremltools' progress bars as steps of the lower stage's line,
         payloads made reproducible (`payload.reproducible`: content-derived identifiers instead
         of stock's random ones), and (unless `dependency_checks`) no MIL validation after each
-        of coremltools' passes. A conversion that fails leaves no coremltools naming state
+        of coremltools' passes, nor the work coremltools repeats after each pass that changes nothing
+        (`mil_idle_work_skipped`). A conversion that fails leaves no coremltools naming state
         behind (`coreml_conversion_state_reset_on_failure`): later payloads stay reproducible."""
         stack = contextlib.ExitStack()
         stack.enter_context(coreml_conversion_state_reset_on_failure())
         stack.enter_context(conversion.installed())
         stack.enter_context(coreml_payloads_rewritten(_reproducible))
         stack.enter_context(coreml_progress_bars(progress.steps))
+        stack.enter_context(mil_idle_work_skipped())
         if not dependency_checks:
             stack.enter_context(mil_pass_validation_skipped())
         return stack
