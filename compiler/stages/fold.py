@@ -185,14 +185,17 @@ def _all_constant(args: Any, known: dict[torch.fx.Node, Any]) -> bool:
 def _one_element_fill(node: torch.fx.Node) -> bool:
     """A fill of at most one element (`full([], True)`): as a constant it costs nothing, and what
     it feeds folds then too (a causal mask built from sizes, which otherwise runs on the CPU
-    between the delegate's ops on every call)."""
+    between a delegate's ops on every call). Folded only on request (`tiny_fills`): Core ML
+    converts a 0-d fill itself, and its rules for fills are checked on programs that keep them."""
     value = node.meta.get("val")
     return aten_overload(node.target) in _FILL_OPS and isinstance(value, torch.Tensor) and value.numel() <= 1
 
 
-def _foldable(node: torch.fx.Node, skip: frozenset) -> bool:
+def _foldable(node: torch.fx.Node, skip: frozenset, tiny_fills: bool) -> bool:
     target = node.target
-    if node.op != "call_function" or (target in skip and not _one_element_fill(node)) or node.is_impure():
+    if node.op != "call_function" or node.is_impure():
+        return False
+    if target in skip and not (tiny_fills and _one_element_fill(node)):
         return False
     if target is operator.getitem:
         return True
@@ -204,7 +207,7 @@ def _foldable(node: torch.fx.Node, skip: frozenset) -> bool:
     return isinstance(node.meta.get("val"), (torch.Tensor, tuple, list))
 
 
-def _evaluate(ep: ExportedProgram, skip: frozenset, compute: bool = True) -> dict[torch.fx.Node, Any]:
+def _evaluate(ep: ExportedProgram, skip: frozenset, compute: bool = True, tiny_fills: bool = False) -> dict[torch.fx.Node, Any]:
     """Every node whose value is known before the program runs -> that value
     (with `compute=False`, only which nodes those are; values are not computed)."""
     known: dict[torch.fx.Node, Any] = dict(constant_inputs(ep))
@@ -214,7 +217,7 @@ def _evaluate(ep: ExportedProgram, skip: frozenset, compute: bool = True) -> dic
             if compute:
                 logger.warning("fold: not folding inside control flow (%s)", node.name)
             continue
-        if node in written or not _foldable(node, skip) or not _all_constant((node.args, node.kwargs), known):
+        if node in written or not _foldable(node, skip, tiny_fills) or not _all_constant((node.args, node.kwargs), known):
             continue
         if not compute:
             known[node] = node.meta.get("val")
@@ -275,9 +278,9 @@ class _Constants:
             self.ep.graph.erase_node(node)
 
 
-def needs_folding(ep: ExportedProgram, skip: frozenset) -> bool:
+def needs_folding(ep: ExportedProgram, skip: frozenset, tiny_fills: bool = False) -> bool:
     """Whether folding would change anything: a foldable op, or a constant bool mask index."""
-    known = _evaluate(ep, skip, compute=False)
+    known = _evaluate(ep, skip, compute=False, tiny_fills=tiny_fills)
     if any(n.op != "placeholder" for n in known):
         return True
     return any(
@@ -289,11 +292,12 @@ def needs_folding(ep: ExportedProgram, skip: frozenset) -> bool:
 
 
 def fold_constants(
-    ep: ExportedProgram, dialect: str, skip: Iterable | None = None, *, dim_order: bool = True
+    ep: ExportedProgram, dialect: str, skip: Iterable | None = None, *, dim_order: bool = True, tiny_fills: bool = False
 ) -> FoldResult:
-    """Fold `ep` in place. `skip` replaces the default skip set; see `FoldStage` for adding to it."""
+    """Fold `ep` in place. `skip` replaces the default skip set; see `FoldStage` for adding to it.
+    `tiny_fills` folds the skipped fills of one element too (`_one_element_fill`)."""
     skip = frozenset(default_skip_ops(dialect) if skip is None else skip)
-    known = _evaluate(ep, skip)
+    known = _evaluate(ep, skip, tiny_fills=tiny_fills)
     folded = [n for n in known if n.op != "placeholder"]
     constants = _Constants(ep)
     output = ep.graph.output_node()

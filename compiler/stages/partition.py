@@ -71,8 +71,8 @@ def split_reasons(paths: list[Reentry], reasons: dict[str, str]) -> dict[str, st
 def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     """The backend's partition search on a copy of `edge` (the dry run uses this too)."""
     program = copy_program(edge.program)
-    if backend.folds_decomposed_constants and needs_folding(program, skip := default_skip_ops(EDGE)):
-        fold_constants(program, EDGE, skip)
+    if backend.folds_decomposed_constants and needs_folding(program, skip := default_skip_ops(EDGE), tiny_fills=True):
+        fold_constants(program, EDGE, skip, tiny_fills=True)
     result = backend.partition(program)
     pinned = returned_buffer_copies(program)
     for node in pinned:
