@@ -9,6 +9,8 @@ a backend is built, not when this package is.
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 
 import torch
@@ -22,7 +24,11 @@ from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import DELEGATION_TAG, state_not_starting_at_zero
 from compiler.ir.placement import DELEGATED_REASON
-from compiler.ir.private_api import mlx_include_sym_size_nodes, mlx_unsupported_reasons
+from compiler.ir.private_api import (
+    mlx_include_sym_size_nodes,
+    mlx_unsupported_reasons,
+    preprocess_copies_share_tensors,
+)
 
 # The delegate id ExecuTorch records in the program for MLX payloads.
 DELEGATE_ID = "MLXBackend"
@@ -146,8 +152,13 @@ class MLXBackend(Backend):
         return BackendPartition(partitions, reasons)
 
     def lowering(self, dependency_checks: bool = False):
-        """Stock's handlers run again in `preprocess`, with the same replacements as in the search."""
-        return handlers.dynamic_sizes_inferred()
+        """Stock's handlers run again in `preprocess`, with the same replacements as in the search;
+        the program MLX's preprocess gets shares the partition's weights, which it only reads
+        into the named data (`preprocess_copies_share_tensors`)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(handlers.dynamic_sizes_inferred())
+        stack.enter_context(preprocess_copies_share_tensors())
+        return stack
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         return f"MLX's partitioner left {op_name(node.target)} out of every delegate (it gave no reason)"

@@ -1,7 +1,7 @@
-"""The Core ML lower hands coremltools a copy of each partition that shares its weights instead
-of cloning them (`preprocess_copies_share_tensors`): the conversion only reads them. The payload
-must be the same as with stock's cloned copy, and the weights of the partition stage's artifact
-the same values after the lower as before."""
+"""The Core ML and MLX lowers hand the backend's preprocess a copy of each partition that shares
+its weights instead of cloning them (`preprocess_copies_share_tensors`): the conversion only
+reads them. The payload must be the same as with stock's cloned copy, and the lower's input
+weights the same values after it as before."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from torch import nn
 
 import compiler
 import compiler.backends.coreml as coreml_backend
+import compiler.backends.mlx as mlx_backend
 from compiler.ir import private_api
+
+MODULES = {"coreml": coreml_backend, "mlx": mlx_backend}
 
 
 class TwoLinears(nn.Module):
@@ -48,15 +51,15 @@ class LowerInputWatch(compiler.Instrument):
             self.unchanged = now.keys() == self.before.keys() and all(torch.equal(now[k], self.before[k]) for k in now)
 
 
-def _compile(quantize: str | None, *instruments):
+def _compile(backend: str, quantize: str | None, *instruments):
     torch.manual_seed(0)
     model, x = TwoLinears().eval(), torch.randn(3, 16)
     options = {"quantize": quantize, "calibration": [(x,)]} if quantize else {}
-    return compiler.compile(model, (x,), "coreml", instruments=instruments, **options)
+    return compiler.compile(model, (x,), backend, instruments=instruments, **options)
 
 
-@pytest.mark.parametrize("quantize", [None, "8w"])
-def test_shared_weights_give_the_same_payload_and_stay_unchanged(quantize, monkeypatch):
+@pytest.mark.parametrize("backend, quantize", [("coreml", None), ("coreml", "8w"), ("mlx", None), ("mlx", "8w")])
+def test_shared_weights_give_the_same_payload_and_stay_unchanged(backend, quantize, monkeypatch):
     shared_copies = []
     copy = private_api._copied_sharing_tensors
 
@@ -72,9 +75,9 @@ def test_shared_weights_give_the_same_payload_and_stay_unchanged(quantize, monke
 
     monkeypatch.setattr(private_api, "_copied_sharing_tensors", counted)
     watch = LowerInputWatch()
-    sharing = _compile(quantize, watch)
+    sharing = _compile(backend, quantize, watch)
     assert shared_copies and all(shared_copies)
     assert watch.before and watch.unchanged
 
-    monkeypatch.setattr(coreml_backend, "preprocess_copies_share_tensors", contextlib.nullcontext)
-    assert _compile(quantize).pte == sharing.pte
+    monkeypatch.setattr(MODULES[backend], "preprocess_copies_share_tensors", contextlib.nullcontext)
+    assert _compile(backend, quantize).pte == sharing.pte
