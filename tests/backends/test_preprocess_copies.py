@@ -1,4 +1,4 @@
-"""The Core ML and MLX lowers hand the backend's preprocess a copy of each partition that shares
+"""The Core ML, MLX and XNNPACK lowers hand the backend's preprocess a copy of each partition that shares
 its weights instead of cloning them (`preprocess_copies_share_tensors`): the conversion only
 reads them. The payload must be the same as with stock's cloned copy, and the lower's input
 weights the same values after it as before."""
@@ -14,9 +14,10 @@ from torch import nn
 import compiler
 import compiler.backends.coreml as coreml_backend
 import compiler.backends.mlx as mlx_backend
+import compiler.backends.xnnpack as xnnpack_backend
 from compiler.ir import private_api
 
-MODULES = {"coreml": coreml_backend, "mlx": mlx_backend}
+MODULES = {"coreml": coreml_backend, "mlx": mlx_backend, "xnnpack": xnnpack_backend}
 
 
 class TwoLinears(nn.Module):
@@ -58,7 +59,9 @@ def _compile(backend: str, quantize: str | None, *instruments):
     return compiler.compile(model, (x,), backend, instruments=instruments, **options)
 
 
-@pytest.mark.parametrize("backend, quantize", [("coreml", None), ("coreml", "8w"), ("mlx", None), ("mlx", "8w")])
+@pytest.mark.parametrize("backend, quantize", [
+    ("coreml", None), ("coreml", "8w"), ("mlx", None), ("mlx", "8w"), ("xnnpack", None), ("xnnpack", "8da4w"),
+])
 def test_shared_weights_give_the_same_payload_and_stay_unchanged(backend, quantize, monkeypatch):
     shared_copies = []
     copy = private_api._copied_sharing_tensors

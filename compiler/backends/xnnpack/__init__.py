@@ -17,7 +17,11 @@ from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.xnnpack import moves, quantized, rules
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import DELEGATED_REASON
-from compiler.ir.private_api import exir_pass_checks_skipped, partition_merges_checked_by_sets
+from compiler.ir.private_api import (
+    exir_pass_checks_skipped,
+    partition_merges_checked_by_sets,
+    preprocess_copies_share_tensors,
+)
 
 _XNNPACK_LOGGER = "executorch.backends.xnnpack"
 
@@ -93,9 +97,15 @@ class XnnpackBackend(Backend):
         return BackendPartition(dict(result.partition_tags), reasons)
 
     def lowering(self, dependency_checks: bool = False) -> contextlib.AbstractContextManager[None]:
-        """Unless `dependency_checks`, no check of the whole partition by ExecuTorch's pass manager
-        before and after each of XNNPACK's passes (`exir_pass_checks_skipped`)."""
-        return contextlib.nullcontext() if dependency_checks else exir_pass_checks_skipped()
+        """Each partition's program for XNNPACK's preprocess shares the partition's weights
+        (`preprocess_copies_share_tensors`: its passes put what they compute in new tensors),
+        and unless `dependency_checks`, no check of the whole partition by ExecuTorch's pass
+        manager before and after each of XNNPACK's passes (`exir_pass_checks_skipped`)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(preprocess_copies_share_tensors())
+        if not dependency_checks:
+            stack.enter_context(exir_pass_checks_skipped())
+        return stack
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         target = format_target_name(getattr(node.target, "__name__", str(node.target)))
