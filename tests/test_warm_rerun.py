@@ -145,3 +145,11 @@ def test_a_warm_sweep_starts_no_worker(tmp_path, monkeypatch):
     assert warm.passed and warm.cached_stages == tuple(STAGE_NAMES) and warm.pte_bytes == len(first)
     assert (tmp_path / "1.pte").read_bytes() == first
     assert len([n for n in os.listdir(tmp_path / "cache") if n.endswith(ENTRY_SUFFIX)]) > 1
+
+
+def test_a_run_that_checks_or_draws_the_html_report_is_not_served(tmp_path):
+    """Both need what the program cache does not keep: the eager model, the partitioned program."""
+    assert _compile(tmp_path, MODEL, "cold") == []
+    assert "capture" not in _compile(tmp_path, MODEL, "checked", "--check")
+    assert "capture" not in _compile(tmp_path, MODEL, "drawn", "--report-html", str(tmp_path / "r.html"))
+    assert _compile(tmp_path, MODEL, "again") == list(STAGE_NAMES)

@@ -390,8 +390,10 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
         written = [path for path in (output, report_json, report_html) if path]
         programs = ProgramCache.for_run(args.model, backend, backend_options, given, args.dynamic_dim,
                                         args.calibration or args.calibration_draws, written)
-    # A check builds and captures the model anyway (the stage cache serves the rest).
-    result = programs.load() if programs is not None and not args.check else None
+    # A check builds and captures the model anyway (the stage cache serves the rest); the HTML
+    # report draws the partitioned program, which the program cache does not keep.
+    served = programs is not None and not args.check and not report_html
+    result = programs.load() if served else None
     module = inputs = dynamic_shapes = calibration = None
     use_model = not resume_from
     if result is None:

@@ -21,7 +21,8 @@ Entries are `<key>.entry` files of the stage cache's folder, so they share its s
 and eviction, and follow its rules (`StageCache.for_run`): no cache while a fix is switched
 off, nothing read by a run that must see every stage (dump_dir, print_after_change),
 nothing written by a run without verify. Only whole compiles are keyed (no stop_after,
-no resume_from). An entry that does not load is logged and removed, and the compile runs.
+no resume_from); the caller decides which runs it serves (the CLI: none that check
+against eager or draw the HTML report's graph). An entry that does not load is logged and removed, and the compile runs.
 """
 
 from __future__ import annotations
