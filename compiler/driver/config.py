@@ -137,7 +137,8 @@ class DriverOptions:
     )
     cache: bool = option(
         True, "load a stage's output from the stage cache when its inputs, options and versions are unchanged, "
-        "and store what ran there (a run with dump_dir, print_after_change or resume_from does not load)"
+        "and store what ran there (a run with dump_dir, print_after_change or resume_from does not load); the CLI's "
+        "compile and sweeps also take a whole program from it by the MODEL spec, options and versions, with no capture"
     )
     cache_dir: str | None = option(
         None, "the stage cache's folder (without it, the API caches nothing and the CLI uses "
