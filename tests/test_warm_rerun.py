@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from compiler.cli.main import main
-from compiler.driver import program_cache
+from compiler.driver import cache as stage_cache, program_cache
 from compiler.driver.cache import ENTRY_SUFFIX
 from compiler.driver.config import STAGE_NAMES
 from compiler.driver.program_cache import ProgramCache, program_key
@@ -36,6 +36,9 @@ def _compile(tmp_path, model, name, *flags):
 
 
 def test_a_fresh_process_rerun_takes_the_program_without_capture_or_torch(tmp_path):
+    # The source digest as the checkout is now, as the fresh process will take it (one taken
+    # by an earlier test would miss after an edit of the checkout in between).
+    stage_cache._source_digest.cache_clear()
     assert _compile(tmp_path, MODEL, "cold") == []
     # The warm run in a fresh process: it must not import torch (so nothing was captured or built).
     arguments = ["compile", MODEL, "--backend", "portable", "--cache-dir", str(tmp_path / "cache"),
