@@ -112,13 +112,15 @@ class VerifyEach(Instrument):
     A stage that hands on the very program it was given (fold with nothing to fold,
     the dry run) is checked only for the invariants its output type adds, if that
     program was checked earlier in this run: stages never change their input in place,
-    which is checked too (`stage_input_kept`).
+    which is checked too (`stage_input_kept`). An invariant with a `key` is not checked
+    again on an artifact whose key one that passed in this run had.
     """
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._checked: list[Any] = []  # artifacts verified in this run (kept alive, so ids stay unique)
         self._input: dict[str, tuple] | None = None
+        self._passed: set[tuple[str, Any]] = set()  # (invariant, key) of keyed checks passed
 
     def before_stage(self, stage, artifact):
         from compiler.ir import invariants as inv
@@ -140,7 +142,12 @@ class VerifyEach(Instrument):
             invariants = [i for i in invariants if i not in type(before).invariants]
         try:
             for invariant in invariants:
+                key = (invariant.name, invariant.key(after)) if invariant.key else None
+                if key in self._passed:
+                    continue
                 invariant.verify(after, stage)
+                if key:
+                    self._passed.add(key)
             self._checked.append(after)
         finally:
             self.seconds[stage] = time.perf_counter() - start

@@ -8,7 +8,7 @@ nodes and the reason. `Invariant.verify` turns a violation into the
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 import attrs
 import torch
@@ -42,6 +42,9 @@ class Invariant:
     name: str
     hint: str
     check: Callable[[Any], Violation | None]
+    # What the check's verdict depends on, if cheaper to compute than the check: an artifact
+    # with the key of one that passed passes (the verify instrument asks it once per run).
+    key: Callable[[Any], Hashable] | None = None
 
     def verify(self, artifact: Any, stage: str | None = None) -> None:
         violation = self.check(artifact)
@@ -56,14 +59,51 @@ def _violation_if_any(offenders, reason: str) -> Violation | None:
     return Violation(reason, tuple(offenders)) if offenders else None
 
 
-def invariant(hint: str) -> Callable[[Callable[[Any], Violation | None]], Invariant]:
+def invariant(
+    hint: str, key: Callable[[Any], Hashable] | None = None
+) -> Callable[[Callable[[Any], Violation | None]], Invariant]:
     def wrap(check: Callable[[Any], Violation | None]) -> Invariant:
-        return Invariant(check.__name__, hint, check)
+        return Invariant(check.__name__, hint, check, key)
 
     return wrap
 
 
-@invariant("this is a bug in the stage that produced the program; report it with the dumped input")
+def _value_form(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (str(value.dtype), str(tuple(value.shape)), str(value.stride()), str(value.device))
+    if isinstance(value, (list, tuple)):
+        return tuple(_value_form(v) for v in value)
+    return str(value) if value is not None else None
+
+
+def validated_form(artifact) -> Hashable:
+    """All the ExportedProgram verifiers read: the verifier classes, the signature, the constants'
+    names, and per node its op, target, arguments and value's dtype, shape, strides and device.
+    The partition stage tags a copy of the Edge program decompose made and validated: the
+    same form, so its own validation (a second second-long pass over a depth-48 stack's nodes)
+    is not repeated."""
+    program = artifact.program
+    nodes = tuple(
+        (
+            n.name,
+            n.op,
+            str(n.target),
+            repr(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.name)),
+            _value_form(n.meta.get("val")),
+        )
+        for n in program.graph.nodes
+    )
+    return (
+        tuple(type(v).__qualname__ for v in program.verifiers),
+        str(program.graph_signature),
+        str(program.range_constraints),
+        tuple(sorted(program.constants)),
+        tuple(sorted(program.state_dict)),
+        nodes,
+    )
+
+
+@invariant("this is a bug in the stage that produced the program; report it with the dumped input", key=validated_form)
 def program_validates(artifact) -> Violation | None:
     try:
         artifact.program.validate()  # torch's public spelling of _validate()
