@@ -1,11 +1,12 @@
 """Exact rewrites that move CPU ops into XNNPACK: ops its partitioner refuses, spelled in ops it takes.
 
 ExecuTorch 1.5.1's XNNPACK configs (backends/xnnpack/partition/config) have no layer norm,
-expand, split, squeeze or select; they take `mean.dim` only over the last two dims of a 4-D
-tensor (its global average pooling), `pow` only with the int exponent 2, and `mul` only with a
-tensor operand. Each such node between two delegated ops ran on the CPU and cut the delegate in
-two (a transformer layer's layer norms, its attention's scale and no-op expands, GPT-2's
-`x ** 3`, Qwen3's RMSNorm mean and grouped-query `repeat_kv`).
+expand, split, squeeze, select, alias, copy or slice_scatter; they take `mean.dim` only over the
+last two dims of a 4-D tensor (its global average pooling), `pow` only with the int exponent 2,
+`mul` only with a tensor operand, and `cat` of two or more distinct tensors. Each such node
+between two delegated ops ran on the CPU and cut the delegate in two (a transformer layer's
+layer norms, its attention's scale and no-op expands, GPT-2's `x ** 3`, Qwen3's RMSNorm mean
+and grouped-query `repeat_kv`, SmolVLM's rotary embedding written in halves).
 
 Each move below rewrites one node into ops XNNPACK takes, before the partition search, only
 where every tensor it reads and makes is float32 with static sizes (what those ops take): a
@@ -119,6 +120,46 @@ def split_as_slices(node: torch.fx.Node, build: Builder, constants: Constants) -
     return [build(edge.slice_copy.Tensor, x, dim, start, start + size, 1) for start, size in zip(starts, sizes)]
 
 
+def _passed_on(node: torch.fx.Node):
+    """What `node` passes on unchanged, if it does: alias_copy's input, a one-tensor cat's tensor,
+    copy's source."""
+    name = op_name(node.target)
+    if name == "aten.cat.default":
+        return node.args[0][0] if len(node.args[0]) == 1 else None
+    return node.args[1] if name == "aten.copy.default" else node.args[0]
+
+
+def same_values(node: torch.fx.Node, build: Builder, constants: Constants) -> Moved:
+    """`alias_copy`, a `cat` of one tensor and `copy(dst, src)` of src's own size as the tensor
+    whose values they pass on (Edge ops make new tensors: nothing shares storage); one the
+    program returns stays (an output may not be another value passed on)."""
+    source = _passed_on(node)
+    if not isinstance(source, torch.fx.Node) or _shape(source) != _shape(node) or _returned(node):
+        return None
+    return source
+
+
+def slice_scatter_as_cat(node: torch.fx.Node, build: Builder, constants: Constants) -> Moved:
+    """A slice_scatter with step 1 as the base's slices before and after the written range
+    concatenated with what is written there: the same values (the rotary embedding's halves)."""
+    base, written = node.args[0], node.args[1]
+    shape = _shape(base)
+    dim = (node.args[2] if len(node.args) > 2 else 0) % len(shape)
+    start, end, step = (node.args[i] if len(node.args) > i else default for i, default in ((3, None), (4, None), (5, 1)))
+    if step != 1 or not all(isinstance(v, (int, type(None))) for v in (start, end)):
+        return None
+    start, end, _ = slice(start, end).indices(shape[dim])
+    if end - start != _shape(written)[dim]:
+        return None
+    if start == 0 and end == shape[dim]:
+        return None if _returned(node) else written
+    parts = [build(edge.slice_copy.Tensor, base, dim, 0, start, 1)] if start > 0 else []
+    parts.append(written)
+    if end < shape[dim]:
+        parts.append(build(edge.slice_copy.Tensor, base, dim, end, shape[dim], 1))
+    return build(edge.cat.default, parts, dim)
+
+
 def _trailing_mean(build: Builder, constants: Constants, x: torch.fx.Node, rows: int, n: int) -> torch.fx.Node:
     """The mean of each of `rows` rows of `n` values of `x` (rows, 1): `x` (rows, n) times a
     constant column of 1/n, a GEMM XNNPACK runs (its mean takes a 4-D tensor's last two dims only)."""
@@ -201,6 +242,10 @@ MOVES: dict[str, Callable[[torch.fx.Node, Builder, Constants], Moved]] = {
     "aten.squeeze_copy.default": view_of_same_values,
     "aten.unsqueeze_copy.default": view_of_same_values,
     "aten.select_copy.int": view_of_same_values,
+    "aten.alias_copy.default": same_values,
+    "aten.cat.default": same_values,
+    "aten.copy.default": same_values,
+    "aten.slice_scatter.default": slice_scatter_as_cat,
 }
 
 

@@ -28,6 +28,14 @@ def _repeat_kv(y):
     return y[:, :, None, :, :].expand(b, kv, 2, s, d).reshape(b, kv * 2, s, d)
 
 
+def _halves_written(y):
+    """Both halves of the last dim written in place, as SmolVLM's rotary embedding does."""
+    out = y.clone()
+    out[..., :8] = y[..., 8:] * 2
+    out[..., 8:] = y[..., :8] - 1
+    return out
+
+
 def _rms_norm(y):
     return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
 
@@ -45,6 +53,10 @@ OPS = {
     "layer_norm": lambda y: nn.functional.layer_norm(y, (16,), torch.linspace(0.5, 2, 16), torch.linspace(-1, 1, 16)),
     "layer_norm_plain": lambda y: nn.functional.layer_norm(y, (3, 16)),
     "squeeze_unsqueeze_select": lambda y: y[:, 1:2].squeeze(1).unsqueeze(0).select(0, 0)[:, None].expand(2, 4, 3, 16),
+    "slice_assignment": _halves_written,
+    "cat_of_one": lambda y: torch.cat([y], 1) * 2,
+    "alias_copy": lambda y: torch.ops.aten.alias_copy.default(y) * 2,
+    "copy": lambda y: torch.ops.aten.copy.default(y * 2, y + 1) * 3,
 }
 MOVED_OPS = {
     "mul_scalar": "aten.mul.Scalar",
@@ -59,6 +71,10 @@ MOVED_OPS = {
     "layer_norm": "aten.native_layer_norm.default",
     "layer_norm_plain": "aten.native_layer_norm.default",
     "squeeze_unsqueeze_select": "aten.select_copy.int",
+    "slice_assignment": "aten.slice_scatter.default",
+    "cat_of_one": "aten.cat.default",
+    "alias_copy": "aten.alias_copy.default",
+    "copy": "aten.copy.default",
 }
 
 
