@@ -23,7 +23,7 @@ import importlib
 import inspect
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -700,6 +700,69 @@ def partition_merges_checked_by_bits() -> Iterator[None]:
         stack.enter_context(_replaced(group_partitioner, "_DependencyViewer", _reachability_bits_in_threads_that_ask))
         stack.enter_context(_flag_set("partition_merge_by_bits"))
         yield
+
+
+def _memoized_per_search(kind: str, key: Callable[..., Hashable]) -> Callable[[Callable], Callable]:
+    """A wrapper answering from this thread's memo of the running partition search, if any."""
+
+    def wrap(original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            memo = getattr(_this_thread, "partition_search_memo", None)
+            if memo is None:
+                return original(*args, **kwargs)
+            entry = (kind, key(*args, **kwargs))
+            if entry not in memo:
+                memo[entry] = original(*args, **kwargs)
+            return memo[entry]
+
+        return call
+
+    return wrap
+
+
+def _constant_names(program: Any) -> frozenset:
+    signature = program.graph_signature
+    return frozenset(
+        {*signature.inputs_to_parameters, *signature.inputs_to_buffers, *signature.inputs_to_lifted_tensor_constants}
+    )
+
+
+def _is_constant_data_by_names(original: Callable) -> Callable:
+    """`config_partitioner.is_constant_data` as one lookup in the set of the program's constant
+    inputs, made once per search: stock's asks the graph signature, whose properties build a
+    new dict of every input on each call (1,445 calls for a 24-layer GPT-2)."""
+
+    def call(program: Any, node: Any) -> bool:
+        memo = getattr(_this_thread, "partition_search_memo", None)
+        if memo is None:
+            return original(program, node)
+        names = memo.get(("constants", id(program)))
+        if names is None:
+            names = memo[("constants", id(program))] = _constant_names(program)
+        return node.name in names
+
+    return call
+
+
+@contextlib.contextmanager
+def partition_search_lookups_memoized() -> Iterator[None]:
+    """While the block runs (one partition search, which tags nodes and changes no graph), two
+    whole-program lookups XNNPACK's configs make per candidate node are made once in this thread:
+    each linear's `get_source_partitions` over the whole graph (once per matmul: quadratic in the
+    program) and `is_constant_data` (`_is_constant_data_by_names`). Checked against executorch 1.5.1."""
+    from executorch.backends.xnnpack.partition.config import gemm_configs
+    from executorch.exir.backend.canonical_partitioners import config_partitioner
+
+    source_key = lambda graph, wanted, filter_fn=None: (id(graph), tuple(wanted), filter_fn)  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced(gemm_configs, "get_source_partitions", _memoized_per_search("sources", source_key)))
+        stack.enter_context(_replaced(config_partitioner, "is_constant_data", _is_constant_data_by_names))
+        outer = getattr(_this_thread, "partition_search_memo", None)
+        _this_thread.partition_search_memo = {}
+        try:
+            yield
+        finally:
+            _this_thread.partition_search_memo = outer
 
 
 @contextlib.contextmanager

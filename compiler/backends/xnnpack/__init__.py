@@ -20,6 +20,7 @@ from compiler.ir.placement import DELEGATED_REASON
 from compiler.ir.private_api import (
     exir_pass_checks_skipped,
     partition_merges_checked_by_bits,
+    partition_search_lookups_memoized,
     preprocess_copies_share_tensors,
 )
 
@@ -86,7 +87,7 @@ class XnnpackBackend(Backend):
         refused = rules.refused_nodes(program)
         # Stock's search, with its check that two partitions can merge made in time that does
         # not grow with the program (the same answers).
-        with _collect_refusals() as collector, partition_merges_checked_by_bits():
+        with _collect_refusals() as collector, partition_merges_checked_by_bits(), partition_search_lookups_memoized():
             result = self.partitioner.partition(program)
         copies = rules.copies_leaving_the_delegate(program)
         delegated = quantized.delegated_reasons(program)
