@@ -25,7 +25,7 @@ from benchmarks.compile_time import DIM, HEADS, SEQ
 from benchmarks.profile_stages import ProfileStages, _where
 from compiler.models.examples import Transformer
 
-STAGES = ("decompose", "partition", "split_constants", "lower", "emit")
+STAGES = ("dry_run", "decompose", "partition", "split_constants", "lower", "emit")
 
 
 def profile(depth: int, backend: str) -> dict[str, pstats.Stats]:
