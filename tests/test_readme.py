@@ -39,6 +39,17 @@ def test_the_model_suite_table_is_the_committed_results():
     )
 
 
+def test_the_performance_section_is_the_committed_results():
+    from benchmarks import performance  # reads the results' JSON, measures nothing
+
+    text = (ROOT / readme.document("performance-table")).read_text()
+    rendered = performance.render()
+    assert "| xnnpack | stack, depth 48 |" in rendered and "Run time" in rendered
+    assert readme.section(text, "performance-table") == rendered.strip(), (
+        "regenerate it: python -m benchmarks.performance --doc README.md"
+    )
+
+
 def _documents():
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
