@@ -20,6 +20,7 @@ import compiler
 from compiler.models import examples
 from compiler.backends.coreml.payload import coreml_payloads
 from compiler.ir.errors import StageFailure
+from mil_breakage import break_gelu_converter, break_in_pass
 
 # coremltools validates the MIL program outside its pass pipelines three times: once the
 # torch frontend has converted it, and when its MIL backend builds the MIL and the Core ML
@@ -136,47 +137,15 @@ def test_the_checks_are_restored_after_the_stage(counts):
     assert PassPipelineManager.__dict__["apply_pipeline"].__func__.__name__ == "count_pipeline"
 
 
-def _break_block(var) -> None:
-    """Leave the MIL block invalid: `var` claims an op reads it that does not."""
-    var.add_child_op(var.op)
-
-
 def test_an_invalid_converted_program_fails_with_coremltools_error(monkeypatch):
     """A converter (such as one of our fixes) that leaves the MIL block invalid is caught
     where coremltools validates the converted program, before any pass runs on it."""
-    from compiler.ir.private_api import coreml_converters
-
-    registry = coreml_converters()
-    gelu = registry["gelu"]
-
-    def broken_gelu(context, node):
-        gelu(context, node)
-        _break_block(context[node.name])
-
-    monkeypatch.setitem(registry, "gelu", broken_gelu)
+    break_gelu_converter(monkeypatch)
     with pytest.raises(StageFailure) as failure:
         _compile("coreml")
     assert failure.value.stage == "lower"
     assert "should be consumed by op" in str(failure.value)
     assert type(failure.value.__cause__).__name__ == "InvalidBlockStateError"
-
-
-def _break_in_pass(monkeypatch, pass_name: str) -> list:
-    """Make the MIL pass `pass_name` leave the program invalid the first time it runs."""
-    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-
-    graph_pass = type(PASS_REGISTRY[pass_name])
-    apply, broken = graph_pass.apply, []
-
-    def apply_and_break(self, prog):
-        apply(self, prog)
-        if not broken:
-            op = next(op for op in prog.functions["main"].operations if op.op_type != "const")
-            _break_block(op.outputs[0])
-            broken.append(op.name)
-
-    monkeypatch.setattr(graph_pass, "apply", apply_and_break)
-    return broken
 
 
 # The last pass of coremltools 9.0's backend pipeline for an ML program.
@@ -187,7 +156,7 @@ LAST_PASS = "nn_backend::handle_unused_inputs"
 def test_a_pass_that_breaks_the_program_is_caught_by_the_last_validation(monkeypatch, dependency_checks):
     """A MIL pass that leaves the program invalid fails the compile with coremltools' error:
     right after the pass with the dependency checks, else before the program is serialized."""
-    broken = _break_in_pass(monkeypatch, LAST_PASS)
+    broken = break_in_pass(monkeypatch, LAST_PASS)
     with pytest.raises(StageFailure) as failure:
         _compile("coreml", dependency_checks=dependency_checks)
     assert broken
@@ -198,7 +167,7 @@ def test_a_pass_that_breaks_the_program_is_caught_by_the_last_validation(monkeyp
 def test_an_earlier_broken_pass_still_fails_the_compile(monkeypatch):
     """Without the per-pass validation, a program an earlier pass broke fails where the next
     pass or the last validation trips over it (here the next dead-code elimination)."""
-    broken = _break_in_pass(monkeypatch, "common::dead_code_elimination")
+    broken = break_in_pass(monkeypatch, "common::dead_code_elimination")
     with pytest.raises(StageFailure) as failure:
         _compile("coreml")
     assert broken

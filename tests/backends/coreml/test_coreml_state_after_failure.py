@@ -12,6 +12,7 @@ import torch
 
 import compiler
 from compiler.ir.errors import StageFailure
+from mil_breakage import break_gelu_converter, break_in_pass
 
 
 class Small(torch.nn.Module):
@@ -28,40 +29,11 @@ def _small():
     return Small().eval(), (torch.randn(2, 4),)
 
 
-def _break_block(var) -> None:
-    """Leave the MIL block invalid: `var` claims an op reads it that does not (as
-    tests/stages/test_lower_validation.py does)."""
-    var.add_child_op(var.op)
-
-
-def _break_converter(monkeypatch) -> None:
-    from compiler.ir.private_api import coreml_converters
-
-    registry = coreml_converters()
-    gelu = registry["gelu"]
-
-    def broken_gelu(context, node):
-        gelu(context, node)
-        _break_block(context[node.name])
-
-    monkeypatch.setitem(registry, "gelu", broken_gelu)
-
-
 def _break_pass(monkeypatch) -> None:
-    from coremltools.converters.mil.mil.passes.pass_registry import PASS_REGISTRY
-
-    graph_pass = type(PASS_REGISTRY["nn_backend::handle_unused_inputs"])
-    apply = graph_pass.apply
-
-    def apply_and_break(self, prog):
-        apply(self, prog)
-        op = next(op for op in prog.functions["main"].operations if op.op_type != "const")
-        _break_block(op.outputs[0])
-
-    monkeypatch.setattr(graph_pass, "apply", apply_and_break)
+    break_in_pass(monkeypatch, "nn_backend::handle_unused_inputs")
 
 
-@pytest.mark.parametrize("break_conversion", [_break_converter, _break_pass], ids=["converter", "pass"])
+@pytest.mark.parametrize("break_conversion", [break_gelu_converter, _break_pass], ids=["converter", "pass"])
 def test_compiles_after_a_failed_conversion_are_byte_identical(break_conversion):
     before = compiler.compile(*_small(), "coreml").pte
     with pytest.MonkeyPatch.context() as monkeypatch:
