@@ -256,6 +256,53 @@ def test_state_a_delegate_holds_cannot_be_shared(backend, options):
     assert info.value.stage == "emit"
 
 
+class CrossKeys(torch.nn.Module):
+    """Whisper's cross-attention keys: 'fill' writes them, 'attend' only reads them, transposed.
+    Alone, 'attend' would see a constant buffer whose transpose folds into a new constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(4, WIDTH))
+        self.proj = torch.nn.Linear(WIDTH, WIDTH)
+
+    def fill(self, x):
+        self.keys.copy_(self.proj(x))
+        return x.sum(dim=0, keepdim=True)
+
+    def attend(self, q):
+        return q @ self.keys.transpose(0, 1)
+
+
+def _cross_keys_methods():
+    model = CrossKeys().eval()
+    return model, {"fill": (model.fill, (torch.randn(4, WIDTH),)), "attend": (model.attend, (torch.randn(1, WIDTH),))}
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_state_another_method_writes_is_never_folded(backend):
+    """The fold stage (and XNNPACK's fold before its search) made the transpose of the keys a
+    constant of their zeros at capture: 'attend' returned zeros whatever 'fill' wrote."""
+    model, methods = _cross_keys_methods()
+    result = compiler.compile_methods(methods, backend)
+    attend = result.methods["attend"]
+    assert attend.report.stage("fold").metrics["folded"] == 0
+    assert "owner.keys" in attend.artifact.program.graph_signature.inputs_to_buffers.values()
+    calls = [("fill", methods["fill"][1]), ("attend", methods["attend"][1])]
+    assert compiler.check_methods(result, calls).passed
+
+
+def test_a_stage_reading_state_as_a_constant_fails_verification(monkeypatch):
+    """The invariant behind the fix: a stage whose output no longer reads the state at run time fails."""
+    from compiler.stages import fold
+
+    reading_it_as_constant = fold.constant_inputs
+    monkeypatch.setattr(fold, "constant_inputs", lambda ep, state=frozenset(): reading_it_as_constant(ep))
+    _, methods = _cross_keys_methods()
+    with pytest.raises(compiler.CompileError, match="program_state_read") as info:
+        compiler.compile_methods(methods, "portable")
+    assert info.value.stage == "fold" and info.value.nodes == ("owner.keys",)
+
+
 class ThroughAnObject(torch.nn.Module):
     """State reached through a plain object, as transformers' caches are: export lifts it as a
     constant, which capture reads through the module's buffer of the same tensor."""

@@ -53,6 +53,12 @@ class CompileConfig:
                 hint="pass a backend name, e.g. backend='xnnpack'",
             )
 
+    @property
+    def program_state(self) -> frozenset[str]:
+        """Buffers another method of the program writes (`compile_methods` sets them as the option
+        `partition_program_state`): no stage may read them as constants, so every stage is told."""
+        return frozenset(self.partition.program_state)
+
     def options_for(self, stage: str) -> Any:
         """The typed options of `stage` (an empty `NoOptions` for stages that take none)."""
         return getattr(self, stage) if stage in STAGE_OPTIONS else NoOptions()

@@ -121,12 +121,18 @@ class VerifyEach(Instrument):
         self._checked: list[Any] = []  # artifacts verified in this run (kept alive, so ids stay unique)
         self._input: dict[str, tuple] | None = None
         self._passed: set[tuple[str, Any]] = set()  # (invariant, key) of keyed checks passed
+        self._state: frozenset[str] = frozenset()  # buffers another method writes
+        self._state_read: frozenset[str] | None = None  # those the stage's input reads at run time
+
+    def before_pipeline(self, config, stages, artifact):
+        self._state = config.program_state
 
     def before_stage(self, stage, artifact):
         from compiler.ir import invariants as inv
 
         start = time.perf_counter()
         self._input = inv.program_fingerprint(artifact)
+        self._state_read = inv.state_read(artifact, self._state)
         self.seconds[stage] = time.perf_counter() - start
 
     def after_stage(self, stage, before, after):
@@ -136,6 +142,11 @@ class VerifyEach(Instrument):
         violation = inv.stage_input_kept(self._input, before)
         if violation is not None:
             raise VerificationError(inv.STAGE_INPUT_KEPT, violation.reason, stage=stage, hint=inv.STAGE_INPUT_KEPT_HINT)
+        violation = inv.program_state_still_read(self._state_read, after, self._state)
+        if violation is not None:
+            raise VerificationError(
+                inv.PROGRAM_STATE_READ, violation.reason, stage=stage, nodes=violation.nodes, hint=inv.PROGRAM_STATE_READ_HINT
+            )
         invariants = type(after).invariants
         program = getattr(after, "program", None)
         if program is getattr(before, "program", object()) and any(a is before for a in self._checked):

@@ -102,7 +102,10 @@ class Pipeline:
                     if skipped.artifact is not None:
                         artifact = artifacts[stage.name] = skipped.artifact
                     continue
-                ctx = StageContext(backend, config.options_for(stage.name), dependency_checks=dependency_checks)
+                ctx = StageContext(
+                    backend, config.options_for(stage.name), dependency_checks=dependency_checks,
+                    program_state=config.program_state,
+                )
                 artifact = self._run_stage(stage, artifact, ctx, instruments)
                 record = _stage_record(stage.name, ctx.metrics, instruments)
                 logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)

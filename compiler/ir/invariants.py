@@ -439,3 +439,41 @@ def stage_input_kept(before: dict[str, tuple] | None, artifact) -> Violation | N
         ) or "changed in place"
         changed.append(f"its {part}: {what}")
     return Violation("the stage changed the program it was given (" + "; ".join(changed) + ")")
+
+
+# --- state another method writes stays read at run time ---------------------------------------
+# In a program of several methods a buffer one method only reads may be written by another: its
+# value at capture is not what the method reads. A stage that folded it, or a delegate that took
+# it into its payload, makes a constant of it, and the method silently computes with the captured
+# value. Compared between a stage's input and output: the buffers of the state read at run time
+# must stay read at run time.
+
+PROGRAM_STATE_READ = "program_state_read"
+PROGRAM_STATE_READ_HINT = (
+    "this is a bug in the stage: state another method writes must reach this method as the program's "
+    "buffer (compile_methods passes it as partition_program_state); report it with the dumped stage input"
+)
+
+
+def state_read(artifact, state: frozenset[str]) -> frozenset[str] | None:
+    """The buffers of `state` the artifact's program reads at run time: placeholders of the
+    program itself that something uses (None: no program)."""
+    program = getattr(artifact, "program", None)
+    if not state or not isinstance(program, torch.export.ExportedProgram):
+        return None
+    buffers = program.graph_signature.inputs_to_buffers
+    return frozenset(
+        buffers[n.name] for n in program.graph.nodes
+        if n.op == "placeholder" and buffers.get(n.name) in state and n.users
+    )
+
+
+def program_state_still_read(before: frozenset[str] | None, artifact, state: frozenset[str]) -> Violation | None:
+    """A violation naming the state the stage's input read at run time and its output no longer does."""
+    after = state_read(artifact, state)
+    lost = sorted(before - after) if before is not None and after is not None else []
+    return _violation_if_any(
+        lost,
+        "another method of the program writes these buffers, and the stage's output no longer reads them "
+        "at run time: it computes with their value at capture (a constant), not with what the other method wrote",
+    )

@@ -24,6 +24,9 @@ class StageContext:
     options: Any = attrs.field(factory=NoOptions)
     # The run option `dependency_checks`: let dependencies repeat their own checks (lower).
     dependency_checks: bool = False
+    # Buffers another method of the program writes (`CompileConfig.program_state`): every stage
+    # reads them at run time, none as a constant (fold, the partitions' payloads).
+    program_state: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
     # Numbers the stage wants in the report (e.g. constants folded); filled by `apply`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
 

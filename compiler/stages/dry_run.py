@@ -214,7 +214,7 @@ def _aten_origin(node: torch.fx.Node) -> str:
 
 
 def dry_run(
-    program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node]
+    program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], state: frozenset[str] = frozenset()
 ) -> tuple[dict[str, str], EdgeProgram, dict[str, float]]:
     """Decompose as the decompose stage will, partition, and say which kept nodes to drop
     (ATen node name -> why it is decomposed after all); also the decomposition made, with
@@ -225,7 +225,7 @@ def dry_run(
     decomposing = time.perf_counter() - start
     # The search runs on a copy (the backend may rewrite what it partitions, as Core ML
     # does with rank-6 chains), so the Edge program stays a pure decomposition.
-    searched = partition(edge, backend)
+    searched = partition(edge, backend, state)
     seconds = {"decomposition_handed_on_s": decomposing, "search_handed_on_s": time.perf_counter() - start - decomposing}
     placement = {p.node: p for p in searched.plan.nodes}
     dropped = {}
@@ -274,7 +274,7 @@ class DryRun(Stage, takes=AtenProgram, returns=PlannedProgram):
             return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
         with ctx.program_checks_skipped():
-            dropped, edge, seconds = dry_run(program, ctx.backend, kept)
+            dropped, edge, seconds = dry_run(program, ctx.backend, kept, ctx.program_state)
         plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), {**refused, **dropped})
         ctx.metrics["kept"] = len(plan.nodes)
         if dropped:

@@ -155,9 +155,11 @@ def written_in_place(ep: ExportedProgram) -> set[torch.fx.Node]:
     return written
 
 
-def constant_inputs(ep: ExportedProgram) -> dict[torch.fx.Node, torch.Tensor]:
-    """Placeholder -> value, for parameters, never-mutated buffers and lifted constants."""
-    mutated = mutated_buffer_targets(ep)
+def constant_inputs(ep: ExportedProgram, state: frozenset[str] = frozenset()) -> dict[torch.fx.Node, torch.Tensor]:
+    """Placeholder -> value, for parameters, never-mutated buffers and lifted constants. The
+    buffers of `state` (the program state another method writes) are none of these: their value
+    at capture is not what this method reads."""
+    mutated = mutated_buffer_targets(ep) | set(state)
     written = written_in_place(ep)
     values: dict[torch.fx.Node, torch.Tensor] = {}
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
@@ -207,10 +209,12 @@ def _foldable(node: torch.fx.Node, skip: frozenset, tiny_fills: bool) -> bool:
     return isinstance(node.meta.get("val"), (torch.Tensor, tuple, list))
 
 
-def _evaluate(ep: ExportedProgram, skip: frozenset, compute: bool = True, tiny_fills: bool = False) -> dict[torch.fx.Node, Any]:
+def _evaluate(
+    ep: ExportedProgram, skip: frozenset, compute: bool = True, tiny_fills: bool = False, state: frozenset[str] = frozenset()
+) -> dict[torch.fx.Node, Any]:
     """Every node whose value is known before the program runs -> that value
     (with `compute=False`, only which nodes those are; values are not computed)."""
-    known: dict[torch.fx.Node, Any] = dict(constant_inputs(ep))
+    known: dict[torch.fx.Node, Any] = dict(constant_inputs(ep, state))
     written = written_in_place(ep)
     for node in ep.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -278,9 +282,11 @@ class _Constants:
             self.ep.graph.erase_node(node)
 
 
-def needs_folding(ep: ExportedProgram, skip: frozenset, tiny_fills: bool = False) -> bool:
+def needs_folding(
+    ep: ExportedProgram, skip: frozenset, tiny_fills: bool = False, state: frozenset[str] = frozenset()
+) -> bool:
     """Whether folding would change anything: a foldable op, or a constant bool mask index."""
-    known = _evaluate(ep, skip, compute=False, tiny_fills=tiny_fills)
+    known = _evaluate(ep, skip, compute=False, tiny_fills=tiny_fills, state=state)
     if any(n.op != "placeholder" for n in known):
         return True
     return any(
@@ -292,12 +298,14 @@ def needs_folding(ep: ExportedProgram, skip: frozenset, tiny_fills: bool = False
 
 
 def fold_constants(
-    ep: ExportedProgram, dialect: str, skip: Iterable | None = None, *, dim_order: bool = True, tiny_fills: bool = False
+    ep: ExportedProgram, dialect: str, skip: Iterable | None = None, *, dim_order: bool = True, tiny_fills: bool = False,
+    state: frozenset[str] = frozenset(),
 ) -> FoldResult:
     """Fold `ep` in place. `skip` replaces the default skip set; see `FoldStage` for adding to it.
-    `tiny_fills` folds the skipped fills of one element too (`_one_element_fill`)."""
+    `tiny_fills` folds the skipped fills of one element too (`_one_element_fill`); the buffers
+    of `state` are read at run time, never folded."""
     skip = frozenset(default_skip_ops(dialect) if skip is None else skip)
-    known = _evaluate(ep, skip, tiny_fills=tiny_fills)
+    known = _evaluate(ep, skip, tiny_fills=tiny_fills, state=state)
     folded = [n for n in known if n.op != "placeholder"]
     constants = _Constants(ep)
     output = ep.graph.output_node()
@@ -321,7 +329,7 @@ def fold_constants(
                 user.replace_input_with(node, constant)
     ep.graph.eliminate_dead_code()
     constants.remove_unused()
-    masks = _masks_to_positions(ep, constants, dialect)
+    masks = _masks_to_positions(ep, constants, dialect, state)
     ep.graph_module.recompile()
     return FoldResult(
         nodes_folded=len(folded),
@@ -340,13 +348,13 @@ def _reshape_op(dialect: str):
     return exir_ops.edge.aten.view_copy.default if dialect == EDGE else aten.reshape.default
 
 
-def _masks_to_positions(ep: ExportedProgram, constants: _Constants, dialect: str) -> int:
+def _masks_to_positions(ep: ExportedProgram, constants: _Constants, dialect: str, state: frozenset[str]) -> int:
     """`x[..., mask]` with a constant bool mask -> `x` indexed by the mask's positions.
 
     A mask over several dimensions is flattened together with those dimensions
     of `x`, so the positions index once (K values, not one index per dimension).
     """
-    values = constant_inputs(ep)
+    values = constant_inputs(ep, state)
     rewritten = 0
     for node in list(ep.graph.nodes):
         if node.op != "call_function" or node.target is not _index_op(dialect):
@@ -431,12 +439,12 @@ class Fold(Stage, takes=AtenProgram, returns=AtenProgram):
     def apply(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
         given = frozenset(resolve_op(op) for op in ctx.options.skip_ops)
         skip = given if ctx.options.replace_skip_ops else default_skip_ops(ATEN) | given
-        folding = needs_folding(program.program, skip)
+        folding = needs_folding(program.program, skip, state=ctx.program_state)
         if not folding:
             ctx.metrics["folded"] = 0
             return program
         ep = copy_program(program.program)
-        result = fold_constants(ep, ATEN, skip)
+        result = fold_constants(ep, ATEN, skip, state=ctx.program_state)
         ctx.metrics.update(
             folded=result.nodes_folded,
             constants=result.constants_created,

@@ -206,8 +206,8 @@ def _entries(given: Any) -> Any:
 @attrs.frozen
 class PartitionOptions:
     program_state: tuple[str, ...] = option(
-        (), "buffers that stay the program's where a delegate only reads them, instead of constants in its "
-        "payload: state another method of the program writes (compile_methods sets it)",
+        (), "buffers read at run time by every stage, never as constants (folded, or in a delegate's payload "
+        "where it only reads them): state another method of the program writes (compile_methods sets it)",
         kind=str, metavar="BUFFER", converter=_entries,
     )
 

@@ -68,11 +68,13 @@ def split_reasons(paths: list[Reentry], reasons: dict[str, str]) -> dict[str, st
     return told
 
 
-def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
-    """The backend's partition search on a copy of `edge` (the dry run uses this too)."""
+def partition(edge: EdgeProgram, backend: Backend, state: frozenset[str] = frozenset()) -> PartitionedProgram:
+    """The backend's partition search on a copy of `edge` (the dry run uses this too); the
+    buffers of `state` (written by another method) are not folded."""
     program = copy_program(edge.program)
-    if backend.folds_decomposed_constants and needs_folding(program, skip := default_skip_ops(EDGE), tiny_fills=True):
-        fold_constants(program, EDGE, skip, tiny_fills=True)
+    skip = default_skip_ops(EDGE)
+    if backend.folds_decomposed_constants and needs_folding(program, skip, tiny_fills=True, state=state):
+        fold_constants(program, EDGE, skip, tiny_fills=True, state=state)
     result = backend.partition(program)
     pinned = returned_buffer_copies(program)
     for node in pinned:
@@ -101,7 +103,7 @@ def partition(edge: EdgeProgram, backend: Backend) -> PartitionedProgram:
     return PartitionedProgram(program, plan, edge.preserved_ops, refused)
 
 
-def keep_program_state(partitioned: PartitionedProgram, names: tuple[str, ...]) -> tuple[PartitionedProgram, list[str]]:
+def keep_program_state(partitioned: PartitionedProgram, names: frozenset[str]) -> tuple[PartitionedProgram, list[str]]:
     """The buffers of `names` a delegate took stay the program's, given to the delegate as inputs:
     a delegate copies a buffer it only reads into its payload as a constant, so it would never see
     what another method of the program writes there. Returns the program and those buffers."""
@@ -127,8 +129,8 @@ class Partition(Stage, takes=EdgeProgram, returns=PartitionedProgram):
             ctx.metrics["search_from_dry_run"] = True
             partitioned = edge.searched
         else:
-            partitioned = partition(edge, ctx.backend)
-        partitioned, kept = keep_program_state(partitioned, ctx.options.program_state)
+            partitioned = partition(edge, ctx.backend, ctx.program_state)
+        partitioned, kept = keep_program_state(partitioned, ctx.program_state)
         if kept:
             ctx.metrics["program_state"] = ", ".join(kept)
         return partitioned
