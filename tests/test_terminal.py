@@ -44,6 +44,7 @@ def test_verbose_shows_our_log_and_what_dependencies_printed():
     assert "cpuinfo" in done.stderr  # from C, on file descriptor 2, while the check loaded the program
 
 
+@pytest.mark.slow  # a fresh process (10 s); the default run keeps the progress lines' and the API's
 def test_quiet_prints_nothing_on_success():
     done = _cli("compile", "mlp", "-q")
     assert done.returncode == 0 and done.stdout == "" and done.stderr == ""
