@@ -113,7 +113,9 @@ class VerifyEach(Instrument):
     the dry run) is checked only for the invariants its output type adds, if that
     program was checked earlier in this run: stages never change their input in place,
     which is checked too (`stage_input_kept`). An invariant with a `key` is not checked
-    again on an artifact whose key one that passed in this run had.
+    again on an artifact whose key one that passed in this run had. In a program of several
+    methods, state another method writes that a stage's input read at run time must still be
+    read so by its output (`program_state_read`).
     """
 
     def __init__(self) -> None:
