@@ -57,6 +57,7 @@ from compiler.ir.private_api import (
     restore_no_decompose_ops,
 )
 from compiler.stages.base import Stage, StageContext
+from compiler.stages.node_decompositions import decompose_by_node
 from compiler.stages.shared import unbacked_symbols_kept_in
 from compiler.stages.edge_conversion import fake_mode, fake_result, generate_edge_program, strides
 
@@ -400,12 +401,13 @@ def _restore_functionalized_twins(program: ExportedProgram, originals: dict) -> 
 
 
 def decompose(
-    program: ExportedProgram, keep_nodes: frozenset[str] | set[str]
+    program: ExportedProgram, keep_nodes: frozenset[str] | set[str], by_node: bool = True
 ) -> tuple[ExportedProgram, list[torch._ops.OpOverload]]:
     """Decompose to core ATen except the nodes named; returns the program and the ops kept.
 
     The names come from the dry run, which already dropped ops that cannot be kept
-    whole (mutating or aliasing ones)."""
+    whole (mutating or aliasing ones). `by_node=False` makes torch's whole-program retrace
+    even where `node_decompositions` would decompose node by node (the tests compare the two)."""
     kept = [node for node in call_nodes(program) if node.name in keep_nodes]
     table = decomposition_table(program, {node.target for node in kept})
     retargeted = [(node, no_decompose_op(node.target)) for node in kept]
@@ -414,7 +416,11 @@ def decompose(
     for node, target in retargeted:
         node.target = target
     try:
-        decomposed = program.run_decompositions(table)
+        # Node by node where that is provably the same as torch's whole-program retrace (it is
+        # most of an MLX compile of a deep stack); torch's otherwise.
+        decomposed = decompose_by_node(program, table) if by_node else None
+        if decomposed is None:
+            decomposed = program.run_decompositions(table)
     finally:
         for node, target in originals:  # the input artifact must come back unchanged
             node.target = target
