@@ -90,6 +90,25 @@ def scaling_lines(results: dict) -> list[str]:
     ]
 
 
+def mlx_decompose_lines(results: dict) -> list[str]:
+    """MLX after the node-by-node decomposition, measured on its own, several runs per depth."""
+    per_backend = results["backends"]["mlx"]
+    depths = per_backend["depths"]
+    rows = ", ".join(
+        f"depth {depth} {d['ours']['total']:.2f} s / {d['stock']['total']:.2f} s = {d['ratio_total']:.3f}"
+        for depth, d in sorted(depths.items(), key=lambda item: int(item[0]))
+    )
+    last, target = depths[str(per_backend["last"])]["ratio_total"], DEPTH_48_TARGET["mlx"]
+    return [
+        "",
+        f"MLX after the node-by-node decomposition, medians of {results['runs']} runs, ours / stock "
+        f"(`benchmarks/results/compile_time_mlx_decompose.json`): {rows} (target <= {target}: {_met(last, target)}, "
+        "in a process whose warm-up compile decomposed the block's nodes first; the results' Markdown gives a cold "
+        "process's); t(48)/t(12) ours "
+        f"{per_backend['scaling_ours']:.2f}, stock {per_backend['scaling_stock']:.2f}.",
+    ]
+
+
 def runtime_lines(results: dict, title: str) -> list[str]:
     lines = [
         "",
@@ -148,6 +167,9 @@ def render() -> str:
     scaling = _load("compile_time_xnnpack_scaling.json")
     if scaling:
         lines += scaling_lines(scaling)
+    mlx = _load("compile_time_mlx_decompose.json")
+    if mlx:
+        lines += mlx_decompose_lines(mlx)
     runtime = _load("runtime.json")
     if runtime:
         lines += runtime_lines(runtime, "benchmark models (`benchmarks/results/runtime.json`)")
