@@ -676,6 +676,16 @@ def _placeholder_names(signature: ExportGraphSignature) -> dict[str, str]:
     return name_map
 
 
+def _stamp(made: torch.fx.Node, carried: dict, from_node: list, original_aten, seq_nr) -> None:
+    """What the retrace records on each node it makes for an original one (an op, its getitems)."""
+    made.meta.update(carried)
+    made.meta["from_node"] = from_node
+    if original_aten is not None:
+        made.meta["original_aten"] = original_aten
+    if seq_nr is not None:
+        made.meta["seq_nr"] = seq_nr
+
+
 def _splice(graph, node, key, inputs, env, vals, mode) -> None:
     """Make `node`'s recipe in `graph` on the new inputs, with values and metadata."""
     recipe = _RECIPES[key]
@@ -701,12 +711,7 @@ def _splice(graph, node, key, inputs, env, vals, mode) -> None:
             # The retrace runs in inference: no value requires grad (a view of a parameter would).
             fake_args, fake_kwargs = torch.fx.node.map_arg((new_args, new_kwargs), _inference_value)
             value = target(*fake_args, **fake_kwargs)
-        new.meta.update(carried)
-        new.meta["from_node"] = from_node
-        if original_aten is not None:
-            new.meta["original_aten"] = original_aten
-        if seq_nr is not None:
-            new.meta["seq_nr"] = seq_nr
+        _stamp(new, carried, from_node, original_aten, seq_nr)
         if eager:
             # As make_fx records it for an op needing exact strides: its inputs' values.
             new.meta["eager_input_vals"] = torch.fx.node.map_aggregate(
@@ -722,12 +727,7 @@ def _splice(graph, node, key, inputs, env, vals, mode) -> None:
             items = []
             for i, v in enumerate(value):
                 item = graph.create_node("call_function", operator.getitem, (new, i), name="getitem")
-                item.meta.update(carried)
-                item.meta["from_node"] = from_node
-                if original_aten is not None:
-                    item.meta["original_aten"] = original_aten
-                if seq_nr is not None:
-                    item.meta["seq_nr"] = seq_nr
+                _stamp(item, carried, from_node, original_aten, seq_nr)
                 item.meta["val"] = v
                 if isinstance(v, torch.Tensor):
                     item.meta["tensor_meta"] = _extract_tensor_metadata(v)
