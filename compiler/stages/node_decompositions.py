@@ -28,7 +28,10 @@ the retrace does, it does:
 What each distinct node decomposes into is remembered for the process (`_RECIPES`), keyed also
 by the decomposition table (it differs with what a backend keeps whole) and the decompositions'
 own switches (integer `remainder`): the dry run and the decompose stage, each compile of the
-same widths, and each backend with the same table decompose a node once.
+same widths, and each backend with the same table decompose a node once. The distinct nodes a
+program needs are decomposed in one per-node program (each such program costs torch a fixed
+tenth of a second): the layouts a node's inputs will have once decomposed are predicted by
+each op's meta kernel, so the nodes after a kept op that changes strides are in it too.
 
 Only programs where that is the same take this path (`why_ineligible`); every other program
 goes through torch's `run_decompositions`, exactly as before: a mutation (of a buffer, a
@@ -61,7 +64,13 @@ from torch._functorch._aot_autograd.descriptors import BufferAOTInput, ParamAOTI
 from torch._export.utils import _rename_without_collisions, placeholder_prefixes
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.export import ExportedProgram
-from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature, _get_updated_module_call_graph
+from torch.export.exported_program import (
+    ModuleCallEntry,
+    ModuleCallSignature,
+    _decompose_exported_program,
+    _get_updated_module_call_graph,
+    _split_decomp_table_to_cia_and_python_decomp,
+)
 from torch.export.graph_signature import (
     ExportGraphSignature,
     InputKind,
@@ -263,6 +272,30 @@ class _Recipe:
 
 
 _RECIPES: dict[tuple, _Recipe] = {}
+# The table split as `run_decompositions` splits it (CompositeImplicit ops apart), per context:
+# splitting walks every op torch registers, a tenth of a second per per-node program.
+_SPLITS: dict[tuple, tuple[dict, dict]] = {}
+
+
+def forget_recipes() -> None:
+    """Forget every node's decomposition, as a fresh process has none (benchmarks time a
+    compile from there)."""
+    _RECIPES.clear()
+    _SPLITS.clear()
+
+
+def _run_decompositions(program: ExportedProgram, table: Mapping, context: tuple) -> ExportedProgram:
+    """`program.run_decompositions(table)`, with the table's split made once per context."""
+    if context not in _SPLITS:
+        _SPLITS[context] = _split_decomp_table_to_cia_and_python_decomp(dict(table))
+    cia_to_decomp, python_decomp_table = _SPLITS[context]
+    return _decompose_exported_program(
+        program,
+        cia_to_decomp=dict(cia_to_decomp),
+        python_decomp_table=dict(python_decomp_table),
+        joint_loss_index=None,
+        decompose_custom_triton_ops=False,
+    )
 
 
 def _fake_like(mode: FakeTensorMode, value: torch.Tensor) -> torch.Tensor:
@@ -274,7 +307,7 @@ def _fake_like(mode: FakeTensorMode, value: torch.Tensor) -> torch.Tensor:
         return base.as_strided(tuple(value.shape), value.stride(), value.storage_offset())
 
 
-def _recipes_for(pending: dict[tuple, tuple], table: Mapping) -> None:
+def _recipes_for(pending: dict[tuple, tuple], table: Mapping, context: tuple) -> None:
     """Decompose each distinct node in `pending` (key -> (target, args, kwargs, inputs, vals)) by
     torch's `run_decompositions` on one program holding each alone, with inputs of its own,
     and record its recipe."""
@@ -339,7 +372,7 @@ def _recipes_for(pending: dict[tuple, tuple], table: Mapping) -> None:
         example_inputs=None,
         constants={},
     )
-    decomposed = tiny.run_decompositions(dict(table))
+    decomposed = _run_decompositions(tiny, table, context)
     # Map the decomposed program back: placeholders in order, then each output to its node.
     # Only the inputs given: a decomposition that made a constant (lifted into the signature)
     # is one this path does not splice.
@@ -551,17 +584,7 @@ def _decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProg
 
     calls = [n for n in old_nodes if n.op == "call_function"]
     context = _context(table)
-    # The distinct nodes as the program's values give them, decomposed in one call; a node whose
-    # inputs' layouts change once nodes before it are kept whole is decomposed on its own below.
-    original_vals = {n: n.meta["val"] for n in old_nodes if isinstance(n.meta.get("val"), torch.Tensor)}
-    pending: dict[tuple, tuple] = {}
-    for node in calls:
-        if node.target is operator.getitem:
-            continue
-        key, inputs = _node_key(context, node.target, node.args, node.kwargs, original_vals)
-        if key not in _RECIPES and key not in pending:
-            pending[key] = (node.target, node.args, node.kwargs, inputs, original_vals)
-    _make_recipes(pending, table)
+    _first_recipes(old_nodes, calls, context, table, mode)
     for node in calls:
         if node.target is operator.getitem:
             env[node] = env[node.args[0]][node.args[1]]
@@ -569,7 +592,7 @@ def _decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProg
             continue
         key, inputs = _node_key(context, node.target, node.args, node.kwargs, vals)
         if key not in _RECIPES:
-            _make_recipes({key: (node.target, node.args, node.kwargs, inputs, vals)}, table)
+            _make_recipes({key: (node.target, node.args, node.kwargs, inputs, vals)}, table, context)
         _splice(graph, node, key, inputs, env, vals, mode)
 
     old_names = {env[n]: n.name for n in old_nodes if n.op == "placeholder"}
@@ -628,12 +651,63 @@ def _decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProg
     )
 
 
-def _make_recipes(pending: dict, table: Mapping) -> None:
+def _first_recipes(old_nodes: list, calls: list, context: tuple, table: Mapping, mode: FakeTensorMode) -> None:
+    """Decompose, in one per-node program, the distinct nodes as the program's values give
+    them and as they will likely be once decomposed. A node's inputs change layout where a node
+    before it is kept whole and its meta kernel chooses other strides than the capture did
+    (attention's output), and every node after it follows; each node's value is predicted by
+    its op's meta kernel (which a decomposition matches but for such choices). A node the
+    prediction missed is decomposed on its own as the splice meets it; a predicted node torch
+    cannot decompose alone costs only the prediction (the nodes of the program's own values
+    are then decomposed without it)."""
+    original = {n: n.meta["val"] for n in old_nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    predicted = dict(original)
+    results_of: dict[tuple, Any] = {}
+    pending: dict[tuple, tuple] = {}
+    likely: dict[tuple, tuple] = {}
+    for node in calls:
+        if node.target is operator.getitem:
+            results = predicted.get(node.args[0])
+            if isinstance(results, (tuple, list)) and isinstance(results[node.args[1]], torch.Tensor):
+                predicted[node] = results[node.args[1]]
+            continue
+        key, inputs = _node_key(context, node.target, node.args, node.kwargs, original)
+        if key not in _RECIPES:
+            pending.setdefault(key, (node.target, node.args, node.kwargs, inputs, original))
+        key, inputs = _node_key(context, node.target, node.args, node.kwargs, predicted)
+        if key not in _RECIPES and key not in pending:
+            likely.setdefault(key, (node.target, node.args, node.kwargs, inputs, predicted))
+        if key not in results_of:
+            results_of[key] = _meta_value(node, predicted, mode)
+        if results_of[key] is not None:
+            predicted[node] = results_of[key]
+    if likely:
+        try:
+            _make_recipes(pending | likely, table, context)
+            return
+        except _NotExact as exc:
+            logger.debug("the predicted layouts could not all be decomposed alone: %s", exc)
+    _make_recipes(pending, table, context)
+
+
+def _meta_value(node: torch.fx.Node, values: dict, mode: FakeTensorMode):
+    """`node`'s value by its op's meta kernel on `values` (None where it cannot tell)."""
+    try:
+        with mode, torch.no_grad():
+            args, kwargs = torch.fx.node.map_arg(
+                (node.args, node.kwargs), lambda n: values[n].detach() if n in values else _inference_value(n)
+            )
+            return node.target(*args, **kwargs)
+    except Exception:  # only a prediction: the splice computes the value again
+        return None
+
+
+def _make_recipes(pending: dict, table: Mapping, context: tuple) -> None:
     if not pending:
         return
     try:
         with unset_fake_temporarily():
-            _recipes_for(pending, table)
+            _recipes_for(pending, table, context)
     except _NotExact:
         raise
     except Exception as exc:  # torch could not decompose the node alone: the whole program then

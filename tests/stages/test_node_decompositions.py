@@ -285,3 +285,44 @@ def test_a_node_is_decomposed_again_when_the_table_or_a_switch_changes():
     assert_same(off_ref, off_ours, inputs)
     targets = lambda p: [str(n.target) for n in p.graph.nodes if n.op == "call_function"]  # noqa: E731
     assert targets(on_ours) != targets(off_ours)
+
+
+def test_a_stack_is_decomposed_by_one_per_node_program(monkeypatch):
+    """Attention kept whole gives its output other strides than the capture did, and the nodes
+    after it other inputs: predicted before decomposing, so torch decomposes the distinct
+    nodes once, in one program, not in a round per changed layout."""
+    model, inputs = examples.transformer(depth=2, dim=32, heads=4, seq=8)
+    program, keep = program_to_decompose(model, inputs, "mlx")
+    calls = []
+    original = node_decompositions._decompose_exported_program
+
+    def spy(tiny, **kwargs):
+        calls.append(sum(n.op == "placeholder" for n in tiny.graph.nodes))
+        return original(tiny, **kwargs)
+
+    monkeypatch.setattr(node_decompositions, "_decompose_exported_program", spy)
+    node_decompositions._RECIPES.clear()
+    reference, ours = both_paths(program, keep)
+    assert len(calls) == 1
+    assert_same(reference, ours, inputs)
+
+
+def test_a_prediction_torch_cannot_decompose_alone_costs_only_itself(monkeypatch):
+    """When the per-node program with the predicted nodes fails, the program's own nodes are
+    decomposed without them, node by node still."""
+    model, inputs = examples.transformer(depth=2, dim=32, heads=4, seq=8)
+    program, keep = program_to_decompose(model, inputs, "mlx")
+    sizes = []
+    original = node_decompositions._recipes_for
+
+    def first_fails(pending, table, context):
+        sizes.append(len(pending))
+        if len(sizes) == 1:
+            raise node_decompositions._NotExact("a predicted node cannot be decomposed alone")
+        return original(pending, table, context)
+
+    monkeypatch.setattr(node_decompositions, "_recipes_for", first_fails)
+    node_decompositions._RECIPES.clear()
+    reference, ours = both_paths(program, keep)
+    assert len(sizes) >= 3 and sizes[1] < sizes[0]  # then the missed layouts, one by one
+    assert_same(reference, ours, inputs)
