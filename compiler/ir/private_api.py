@@ -623,6 +623,60 @@ def partitions_fused_without_graph_copies(legalize_in_place: Callable[[Any], boo
             yield
 
 
+def _answered_from_the_signature_read(kind: str) -> Callable[[Callable], Callable]:
+    """`is_param`-like: from the names `_signature_read_once_per_tag_list` read, for its program."""
+
+    def wrap(original: Callable) -> Callable:
+        def call(program: Any, node: Any) -> bool:
+            read = getattr(_this_thread, "signature_read", None)
+            if read is None or read[0] is not program:
+                return original(program, node)
+            return node.name in read[1][kind]
+
+        return call
+
+    return wrap
+
+
+def _signature_read_once_per_tag_list(original: Callable) -> Callable:
+    def call(tagged_graph_module: Any, tag: str, owning_program: Any) -> Any:
+        signature = owning_program.graph_signature
+        outer = getattr(_this_thread, "signature_read", None)
+        _this_thread.signature_read = (
+            owning_program,
+            {
+                "parameters": frozenset(signature.inputs_to_parameters),
+                "buffers": frozenset(signature.inputs_to_buffers),
+                "constants": frozenset(signature.inputs_to_lifted_tensor_constants),
+            },
+        )
+        try:
+            return original(tagged_graph_module, tag, owning_program)
+        finally:
+            _this_thread.signature_read = outer
+
+    return call
+
+
+@contextlib.contextmanager
+def tagged_constants_found_in_one_signature_read() -> Iterator[None]:
+    """While the block runs, `to_backend` in this thread lists each partition's nodes
+    (`_get_node_list_with_same_tag`, executorch.exir.backend.backend_api) reading the owning
+    program's parameters, buffers and lifted constants once per list, not once per tagged
+    placeholder: each `is_param`/`is_buffer`/`is_lifted_tensor_constant` asks the graph
+    signature, whose properties build a new dict of every input, so the list cost the
+    square of the program's weights (578 at depth 48). Nothing changes the program while
+    a list is made. The three are looked up in that module's globals on each call; no
+    public hook replaces them. Checked against executorch 1.5.1 (torch 2.13)."""
+    from executorch.exir.backend import backend_api
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced(backend_api, "_get_node_list_with_same_tag", _signature_read_once_per_tag_list))
+        for name, kind in (("is_param", "parameters"), ("is_buffer", "buffers"), ("is_lifted_tensor_constant", "constants")):
+            stack.enter_context(_replaced(backend_api, name, _answered_from_the_signature_read(kind)))
+        yield
+
+
 class _ReachabilityBits:
     """Everything downstream of each node as the bits of one integer (bit i: the graph's i-th
     node): n^2 bits, where ExecuTorch's `_DependencyViewer` keeps a Python set of nodes

@@ -23,6 +23,7 @@ from compiler.ir.placement import PlacementPlan
 from compiler.ir.private_api import (
     constants_kept,
     partitions_fused_without_graph_copies,
+    tagged_constants_found_in_one_signature_read,
 )
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.shared import METHOD
@@ -59,6 +60,7 @@ class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
             # `to_backend` re-sorts the whole graph by copying it after fusing each partition:
             # the same order in place, so a partition's fusion costs its own size, not the program's.
             stack.enter_context(partitions_fused_without_graph_copies(legalize_in_place))
+            stack.enter_context(tagged_constants_found_in_one_signature_read())
             stack.enter_context(ctx.program_checks_skipped())
             lowered = to_backend(spec)[METHOD]
         # `to_backend` deep-copies each partition's program, weights included, for the
