@@ -6,7 +6,8 @@
 For each backend and each depth of a pre-norm transformer block stack (d=256, 4 heads,
 seq 64, batch 1) it compiles `--runs` times each way, alternating: stock (`torch.export`
 + `to_edge_transform_and_lower(ep, [<backend's partitioner>])` + `to_executorch()`) and
-ours (`compiler.compile(..., backend=...)`). It reports the median of each: wall time per
+ours (`compiler.compile(..., backend=...)`, each timed as a process's first compile: the node
+decompositions earlier compiles made are forgotten). It reports the median of each: wall time per
 stage and in all, the ratio ours/stock, and the delegates and CPU kernel calls of both
 programs; and the peak growth of heap in use (malloc's, from `mallinfo2`) and of
 resident memory during one more compile each way, each in a fresh process after a
