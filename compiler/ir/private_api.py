@@ -140,6 +140,16 @@ def no_decompose_op(op: Any) -> Any:
     return aten_op_to_transform_op[op]
 
 
+def no_decompose_original(op: Any) -> Any:
+    """The ATen op whose no-decompose twin `op` is, or None (`aten_op_to_transform_op`). By name:
+    a program decomposed since may hold the twin looked up again, as another object.
+    Checked against executorch 1.5.1."""
+    from executorch.exir.program._program import aten_op_to_transform_op
+
+    name = str(op)
+    return next((aten_op for aten_op, twin in aten_op_to_transform_op.items() if str(twin) == name), None)
+
+
 def restore_no_decompose_ops(program: ExportedProgram) -> None:
     """Turn the no-decompose twins in `program` back into their ATen ops, in place
     (`_restore_transformed_ops_to_aten_ops`). Checked against executorch 1.5.1."""

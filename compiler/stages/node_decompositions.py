@@ -15,7 +15,10 @@ the retrace does, it does:
   later names count them as the retrace's do);
 - values are computed afresh on the program's fake mode from the new inputs (a node kept
   whole is traced by its no-decompose twin's meta kernel, which may choose other strides,
-  and every node after it follows them), `tensor_meta` for single tensors;
+  and every node after it follows them), `tensor_meta` for single tensors; a step whose op
+  gives a value of its own (no view) is dispatched once per recipe, and each copy gets a
+  fresh value of that form, as the fake mode's dispatch cache makes one (`_forms`): half of
+  a deep stack's splice was the kept ops' fake kernels, which that cache passes by;
 - each node made from an original node carries that node's `stack_trace`, `nn_module_stack`,
   `torch_fn`, and its `from_node` (the original node's name, as the retrace records it),
   and `original_aten` as the retrace sets it (the op dispatched, which partitioners read);
@@ -62,7 +65,7 @@ from typing import Any, Mapping
 import torch
 from torch._functorch._aot_autograd.descriptors import BufferAOTInput, ParamAOTInput, PlainAOTInput
 from torch._export.utils import _rename_without_collisions, placeholder_prefixes
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager, unset_fake_temporarily
 from torch.export import ExportedProgram
 from torch.export.exported_program import (
     ModuleCallEntry,
@@ -85,6 +88,8 @@ from torch.fx.proxy import _COPY_META_FIELDS
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.fx.traceback import NodeSource, NodeSourceAction
 from torch.utils import _pytree as pytree
+
+from compiler.ir.private_api import no_decompose_original
 
 logger = logging.getLogger(__name__)
 
@@ -264,11 +269,17 @@ def _node_key(context: tuple, target, args, kwargs, vals: dict) -> tuple:
 
 class _Recipe:
     """What one distinct node decomposes into: steps (target, args, kwargs, original_aten),
-    their arguments referring to ("input", i) or ("step", j); and its results, by index."""
+    their arguments referring to ("input", i) or ("step", j); and its results, by index. And
+    the form of each step's value once the fake mode has made it (`_forms`): the same step
+    on inputs of the same layouts has a value of the same form."""
 
     def __init__(self, steps: list, results: list):
         self.steps = steps
         self.results = results
+        self.forms: list = [_NOT_YET] * len(steps)
+
+
+_NOT_YET = object()
 
 
 _RECIPES: dict[tuple, _Recipe] = {}
@@ -760,6 +771,50 @@ def _stamp(made: torch.fx.Node, carried: dict, from_node: list, original_aten, s
         made.meta["seq_nr"] = seq_nr
 
 
+def _forms(target, value) -> tuple | None:
+    """The form of each tensor of `value`, which the fake mode made for `target`, when its value
+    is one of its own: what the fake mode's dispatch cache keeps to make such a value again
+    (dtype, shape, strides). The retrace records a value of its own for every op whose schema
+    says so (no view), even where the kernel returns its input (dropout in eval): its
+    functionalization gives the output storage of its own. None for a view (the dispatcher
+    records its base on it, which a value made apart would lack), an op the cache would not
+    keep, or a value that is not plain tensors. A no-decompose twin (an op kept whole) is
+    taken as its ATen op, whose meta kernel its fake kernel runs."""
+    target = no_decompose_original(target) or target
+    if not isinstance(target, torch._ops.OpOverload) or not torch._library.utils.is_builtin(target):
+        return None
+    if target.is_view or target._schema.is_mutable or target is torch.ops.aten._unsafe_view.default:
+        return None
+    if {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape, torch.Tag.inplace_view} & set(target.tags):
+        return None
+    single = isinstance(value, torch.Tensor)
+    outputs = [value] if single else list(value) if isinstance(value, (tuple, list)) else []
+    if not outputs or not all(type(v) is FakeTensor and v.layout == torch.strided for v in outputs):
+        return None
+    if any(has_free_symbols(v) or v.storage_offset() != 0 for v in outputs):
+        return None
+    forms = tuple(
+        (tuple(v.shape), tuple(v.stride()), v.dtype, v.device, v.requires_grad, v.is_conj(), v.is_neg()) for v in outputs
+    )
+    return (None if single else type(value)), forms
+
+
+def _value_of_form(forms: tuple, mode: FakeTensorMode):
+    """A value of the forms `_forms` kept, made as the fake mode's dispatch cache makes one: an
+    empty meta tensor of the form, in a fake tensor (of storage its own)."""
+    container, tensors = forms
+    values = []
+    for shape, stride, dtype, device, requires_grad, conj, neg in tensors:
+        with in_kernel_invocation_manager(mode):
+            empty = torch.empty_strided(shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad)
+            if conj:
+                torch._C._set_conj(empty, True)
+            if neg:
+                torch._C._set_neg(empty, True)
+        values.append(FakeTensor(mode, empty, device))
+    return values[0] if container is None else container(values)
+
+
 def _splice(graph, node, key, inputs, env, vals, mode) -> None:
     """Make `node`'s recipe in `graph` on the new inputs, with values and metadata."""
     recipe = _RECIPES[key]
@@ -781,10 +836,16 @@ def _splice(graph, node, key, inputs, env, vals, mode) -> None:
         new = graph.create_node(
             "call_function", target, tuple(new_args), dict(new_kwargs), name=target.overloadpacket.__name__
         )
-        with mode, torch.no_grad():
-            # The retrace runs in inference: no value requires grad (a view of a parameter would).
-            fake_args, fake_kwargs = torch.fx.node.map_arg((new_args, new_kwargs), _inference_value)
-            value = target(*fake_args, **fake_kwargs)
+        # The retrace runs in inference: no value requires grad (a view of a parameter would).
+        fake_args, fake_kwargs = torch.fx.node.map_arg((new_args, new_kwargs), _inference_value)
+        forms = recipe.forms[j]
+        if forms is _NOT_YET or forms is None:
+            with mode, torch.no_grad():
+                value = target(*fake_args, **fake_kwargs)
+            if forms is _NOT_YET:
+                forms = recipe.forms[j] = _forms(target, value)
+        if forms is not None:
+            value = _value_of_form(forms, mode)
         _stamp(new, carried, from_node, original_aten, seq_nr)
         if eager:
             # As make_fx records it for an op needing exact strides: its inputs' values.

@@ -48,6 +48,16 @@ def _value(value):
     return repr(value)
 
 
+def _storages(value) -> list:
+    return [v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(value)]
+
+
+def _aliases(node) -> list:
+    """For each tensor of the node's value, which of its inputs' tensors share its storage (a view's)."""
+    inputs = [s for n in node.all_input_nodes for s in _storages(n.meta.get("val"))]
+    return [[i for i, s in enumerate(inputs) if s is not None and s == own] for own in _storages(node.meta.get("val"))]
+
+
 def _arg(value):
     return torch.fx.node.map_arg(value, lambda n: ("node", n.name))
 
@@ -60,6 +70,7 @@ def describe(program) -> list:
     for node in program.graph.nodes:
         row = [node.op, node.name, str(node.target), _arg(node.args), _arg(node.kwargs), _value(node.meta.get("val"))]
         if node.op == "call_function":
+            row.append(_aliases(node))
             row.append(tuple(repr(node.meta.get(k)) for k in META))
             row.append(_sources(node.meta.get("from_node")))
             tm = node.meta.get("tensor_meta")

@@ -3,12 +3,13 @@
 For each program the node-by-node path must give what `run_decompositions` gives, after the
 decompose stage's own steps (kept ops restored, casts): the same nodes in the same order
 with the same names, targets, arguments, values (dtype, shape, strides, storage offset,
-requires_grad), `tensor_meta`, `stack_trace`, `nn_module_stack`, `torch_fn`, `original_aten`
+requires_grad, which inputs' storage each shares), `tensor_meta`, `stack_trace`, `nn_module_stack`, `torch_fn`, `original_aten`
 and `from_node`; the same signature and module call graph; and bit-equal outputs.
 """
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 from compiler.models import examples
 from compiler.stages import node_decompositions
@@ -326,3 +327,27 @@ def test_a_prediction_torch_cannot_decompose_alone_costs_only_itself(monkeypatch
     reference, ours = both_paths(program, keep)
     assert len(sizes) >= 3 and sizes[1] < sizes[0]  # then the missed layouts, one by one
     assert_same(reference, ours, inputs)
+
+
+def test_copies_of_a_node_take_their_values_from_the_first_ones_form(monkeypatch):
+    """A kept op's value (linear, attention, GELU: no-decompose twins, which the fake mode's
+    cache passes by) and a builtin op's that is no view are made from the form the first copy's
+    dispatch gave, as the fake mode's cache makes them; views are dispatched (their base is
+    recorded by the dispatcher). The program is torch's, storage sharing included."""
+    model, inputs = examples.transformer(depth=3, dim=32, heads=4, seq=8)
+    program, keep = program_to_decompose(model, inputs, "mlx")
+    made = []
+    original = node_decompositions._value_of_form
+
+    def spy(forms, mode):
+        value = original(forms, mode)
+        made.append(value)
+        return value
+
+    monkeypatch.setattr(node_decompositions, "_value_of_form", spy)
+    node_decompositions.forget_recipes()
+    reference, ours = both_paths(program, keep)
+    assert_same(reference, ours, inputs)
+    kept = sum(1 for n in program.graph.nodes if n.name in keep)
+    assert len(made) >= kept * 2 // 3  # the copies in blocks 2 and 3
+    assert not any(v._is_view() for value in made for v in pytree.tree_leaves(value))
