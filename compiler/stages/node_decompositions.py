@@ -283,6 +283,9 @@ _NOT_YET = object()
 
 
 _RECIPES: dict[tuple, _Recipe] = {}
+# A process compiling model after model keeps the newest recipes only (each is a few small
+# tuples; a transformer block needs about twenty).
+_MAX_RECIPES = 20_000
 # The table split as `run_decompositions` splits it (CompositeImplicit ops apart), per context:
 # splitting walks every op torch registers, a tenth of a second per per-node program.
 _SPLITS: dict[tuple, tuple[dict, dict]] = {}
@@ -446,6 +449,8 @@ def _recipes_for(pending: dict[tuple, tuple], table: Mapping, context: tuple) ->
                     raise _NotExact(f"a result of {key[1]} comes from elsewhere")
                 index[r] = ("input", owner_inputs[r][1])
         _RECIPES[key] = _Recipe(steps, [index[r] for r in results])
+        while len(_RECIPES) > _MAX_RECIPES:
+            del _RECIPES[next(iter(_RECIPES))]
 
 
 class _NotExact(Exception):

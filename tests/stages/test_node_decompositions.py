@@ -351,3 +351,15 @@ def test_copies_of_a_node_take_their_values_from_the_first_ones_form(monkeypatch
     kept = sum(1 for n in program.graph.nodes if n.name in keep)
     assert len(made) >= kept * 2 // 3  # the copies in blocks 2 and 3
     assert not any(v._is_view() for value in made for v in pytree.tree_leaves(value))
+
+
+def test_the_recipes_remembered_are_bounded(monkeypatch):
+    """Past the bound the oldest are forgotten; a program needing more distinct nodes than the
+    bound still decomposes node by node, as torch does."""
+    model, inputs = examples.transformer(depth=1, dim=32, heads=4, seq=8)
+    program, keep = program_to_decompose(model, inputs, "mlx")
+    monkeypatch.setattr(node_decompositions, "_MAX_RECIPES", 8)
+    node_decompositions.forget_recipes()
+    reference, ours = both_paths(program, keep)
+    assert len(node_decompositions._RECIPES) <= 8
+    assert_same(reference, ours, inputs)
