@@ -38,10 +38,10 @@ def _met(value: float, target: float) -> str:
     return "met" if value <= target else "**not met**"
 
 
-def compile_time_lines(results: dict, later: dict[str, tuple[float, str]] | None = None) -> list[str]:
-    """The compile-time table; `later`: backend -> (its depth-48 ratio, the file) of a later run
-    on that backend alone, which the target cell gives beside this run's."""
-    later = later or {}
+def compile_time_lines(results: dict, alone: dict[str, tuple[float, str]] | None = None) -> list[str]:
+    """The compile-time table; `alone`: backend -> (its depth-48 ratio, the file) of a run on that
+    backend alone, with more runs each way, which the target cell gives beside this run's."""
+    alone = alone or {}
     lines = [
         "Compile time, ours against stock ExecuTorch's `to_edge_transform_and_lower` on the same model, "
         f"in one process (`python -m benchmarks`, {results['runs']} run(s) each way, alternating; "
@@ -63,9 +63,9 @@ def compile_time_lines(results: dict, later: dict[str, tuple[float, str]] | None
             target = ""
             if model == "stack, depth 48":
                 target = f"<= {DEPTH_48_TARGET[backend]}: {_met(r['ratio_total'], DEPTH_48_TARGET[backend])}"
-                if backend in later:
-                    ratio, source = later[backend]
-                    target += f" here; {_met(ratio, DEPTH_48_TARGET[backend])} at {ratio:.3f} in the later `{source}`"
+                if backend in alone:
+                    ratio, source = alone[backend]
+                    target += f" here; {_met(ratio, DEPTH_48_TARGET[backend])} at {ratio:.3f} in `{source}` (its own run)"
             elif model.startswith("GPT-2"):
                 target = f"<= {GPT2_TARGET}: {_met(r['ratio_total'], GPT2_TARGET)}"
             lines.append(
@@ -170,12 +170,12 @@ def render() -> str:
     compile_time = _load("compile_time.json")
     mlx = _load("compile_time_mlx_decompose.json")
     if compile_time:
-        later = {}
+        alone = {}
         if mlx:
             last = mlx["backends"]["mlx"]["depths"].get("48")
             if last and "ratio_total" in last:
-                later["mlx"] = (last["ratio_total"], "compile_time_mlx_decompose.json")
-        lines += compile_time_lines(compile_time, later)
+                alone["mlx"] = (last["ratio_total"], "compile_time_mlx_decompose.json")
+        lines += compile_time_lines(compile_time, alone)
     scaling = _load("compile_time_xnnpack_scaling.json")
     if scaling:
         lines += scaling_lines(scaling)
