@@ -841,10 +841,10 @@ def _splice(graph, node, key, inputs, env, vals, mode) -> None:
         new = graph.create_node(
             "call_function", target, tuple(new_args), dict(new_kwargs), name=target.overloadpacket.__name__
         )
-        # The retrace runs in inference: no value requires grad (a view of a parameter would).
-        fake_args, fake_kwargs = torch.fx.node.map_arg((new_args, new_kwargs), _inference_value)
         forms = recipe.forms[j]
         if forms is _NOT_YET or forms is None:
+            # The retrace runs in inference: no value requires grad (a view of a parameter would).
+            fake_args, fake_kwargs = torch.fx.node.map_arg((new_args, new_kwargs), _inference_value)
             with mode, torch.no_grad():
                 value = target(*fake_args, **fake_kwargs)
             if forms is _NOT_YET:
