@@ -221,12 +221,8 @@ INELIGIBLE = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(INELIGIBLE))
-def test_ineligible_programs_fall_back_to_torchs_retrace(name, monkeypatch):
-    make, why = INELIGIBLE[name]
-    program = make()
-    reason = node_decompositions.why_ineligible(program)
-    assert reason is not None and why in reason, reason
+def _whole_retraces(program, monkeypatch) -> list[bool]:
+    """Per call of torch's `run_decompositions` from now on: whether it retraced `program` itself."""
     calls = []
     original = torch.export.ExportedProgram.run_decompositions
 
@@ -235,6 +231,16 @@ def test_ineligible_programs_fall_back_to_torchs_retrace(name, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(INELIGIBLE))
+def test_ineligible_programs_fall_back_to_torchs_retrace(name, monkeypatch):
+    make, why = INELIGIBLE[name]
+    program = make()
+    reason = node_decompositions.why_ineligible(program)
+    assert reason is not None and why in reason, reason
+    calls = _whole_retraces(program, monkeypatch)
     assert node_decompositions.decompose_by_node(program, {}) is None
     decompose(program, frozenset())
     assert calls[-1] is True  # torch's retrace of the program itself
@@ -243,14 +249,7 @@ def test_ineligible_programs_fall_back_to_torchs_retrace(name, monkeypatch):
 def test_an_eligible_program_is_not_retraced_whole(monkeypatch):
     model, inputs = examples.transformer(depth=2, dim=32, heads=4, seq=8)
     program, keep = program_to_decompose(model, inputs, "mlx")
-    retraced = []
-    original = torch.export.ExportedProgram.run_decompositions
-
-    def spy(self, *args, **kwargs):
-        retraced.append(self is program)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", spy)
+    retraced = _whole_retraces(program, monkeypatch)
     decompose(program, keep)
     assert True not in retraced  # only per-node programs, if any recipe was missing
 
