@@ -41,10 +41,10 @@ class _SavesProgram:
     def pte(self) -> bytes:
         return self.program.pte
 
-    def save(self, path: str | os.PathLike) -> None:
-        pte = self.pte
-        with open(path, "wb") as f:
-            f.write(pte)
+    def save(self, path: str | os.PathLike) -> tuple[str, ...]:
+        """Write the `.pte` to `path` (and its `.ptd` beside it, for a program whose weights are kept
+        out of it); the paths written."""
+        return self.program.save(path)
 
 
 @attrs.frozen

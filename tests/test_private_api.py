@@ -52,6 +52,7 @@ PRIVATE_ATTRIBUTES = frozenset(
         "_slot_to_final_tid",
         "_chains",
         "_can_merge_partitions",  # GroupBasedPartitioner's
+        "_named_data_store_output",  # LoweredBackendModule's
         # coremltools
         "_TORCH_OPS_REGISTRY",
     }

@@ -61,6 +61,24 @@ def intermediate_values(delegate_id: str):
     return getattr(importlib.import_module(module_name), function_name, None)
 
 
+# Delegate id -> "module:function" giving the keys of the named data a payload reads:
+#   named_data_keys(processed: bytes) -> frozenset[str]
+# The runtime checks them against the program's own named data before loading a program given
+# without a data file (a delegate whose runtime crashes on a missing key needs one).
+NAMED_DATA_KEYS: dict[str, str] = {
+    "XnnpackBackend": "compiler.backends.xnnpack.named_data:named_data_keys",
+}
+
+
+def named_data_keys(delegate_id: str):
+    """The function that lists the named data keys a payload of this delegate reads, or None."""
+    where = NAMED_DATA_KEYS.get(delegate_id)
+    if where is None:
+        return None
+    module_name, function_name = where.split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
 def available() -> tuple[str, ...]:
     return tuple(BY_NAME)
 

@@ -1,5 +1,6 @@
 """Live progress on the terminal: one line per stage, with what the running stage is doing
-(the latest step reported through `compiler.reporting.progress.steps`)."""
+(the latest step reported through `compiler.reporting.progress.steps`) and, when it ends, the
+memory the process holds."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn
 
 from compiler.driver.instruments import Instrument
+from compiler.process.memory import gigabytes, peak_resident_bytes, resident_bytes
 from compiler.reporting import progress
+
+
+def _memory_held() -> str:
+    """What the process holds after a stage, and its peak so far: a real-size compile shows where
+    its memory goes as it runs."""
+    held = resident_bytes()
+    return "" if held is None else f"holds {gigabytes(held)} (peak so far {gigabytes(peak_resident_bytes())})"
 
 
 class LiveProgress(Instrument):
@@ -70,7 +79,7 @@ class LiveProgress(Instrument):
             self.console.print(f"{self._label(stage):<21} {seconds:7.2f} s  {outcome}".rstrip(), highlight=False)
 
     def after_stage(self, stage, before, after):
-        self._end_stage(stage, "")
+        self._end_stage(stage, _memory_held())
 
     def on_failure(self, stage, artifact, error):
         self._end_stage(stage, "[red]failed[/]" if self.live else "failed")

@@ -54,9 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     compile_cmd.add_argument(
         "model",
         nargs="?",
-        help="a built-in example (name[:key=value,...]) or path/to/file.py:factory; "
-        "optional with --resume-from unless --check",
+        help="a built-in example (name[:key=value,...]), path/to/file.py:factory or a save_pretrained folder "
+        "(with --task); optional with --resume-from unless --check",
     )
+    _add_task_flag(compile_cmd)
     compile_cmd.add_argument(
         "--backend",
         choices=backends.available(),
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_argument("program", metavar="PROGRAM.pte")
     run_cmd.add_argument("model", help="the model the program was built from, as compile's MODEL")
+    _add_task_flag(run_cmd)
     _add_dynamic_dim_flag(run_cmd, "the comparison")
     _add_tolerance_flag(run_cmd, "the comparison")
 
@@ -339,8 +341,18 @@ def _writing(flag: str, path: str, what: str, cache_dir: str | None):
         raise UserInputError(f"{flag} {path!r}: writing {what} failed after the compile ({exc.strerror})", hint=kept) from None
 
 
+def _add_task_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--task", choices=catalog.TASKS,
+        help="what to compile of a save_pretrained MODEL folder (optimum-executorch's task names; text-generation: "
+        "the decoder step with its KV cache, as `generate` compiles it)",
+    )
+
+
 def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
     resume_from = getattr(args, "resume_from", None)
+    if args.model:
+        args.model = catalog.with_task(args.model, args.task)
     if not args.model and not resume_from:
         raise UserInputError("compile needs a MODEL (or --resume-from FILE)", hint="see `python -m compiler examples`")
     if args.locate and not args.check:
@@ -422,7 +434,7 @@ def _compile(args: argparse.Namespace, terminal: Terminal) -> int:
             terminal.messages.append((f"compiling (stage {error.stage})", error.dependency_messages))
             raise
         if programs is not None and result.stopped_after == STAGE_NAMES[-1]:
-            programs.store(result.pte, result.report)
+            programs.store(result.program, result.report)
     report = attrs.evolve(result.report, model=args.model)
 
     status, check = 0, None
@@ -516,7 +528,9 @@ def _print_messages(terminal: Terminal, groups: Sequence[tuple[str, Sequence[str
 
 def _print_outcome(terminal: Terminal, result, report, output, check, reports: Sequence[str]) -> None:
     if result.stopped_after == STAGE_NAMES[-1]:
-        written = f"wrote {output} ({len(result.pte)} bytes)" if output else "nothing written: give -o FILE.pte to save the program"
+        written = (
+            f"wrote {_sizes(result.program, output)}" if output else "nothing written: give -o FILE.pte to save the program"
+        )
     else:
         written = f"stopped after {result.stopped_after}; " + (f"wrote {output}" if output else "nothing written (-o FILE.stage saves it)")
     terminal.say("\n" + written)
@@ -526,7 +540,18 @@ def _print_outcome(terminal: Terminal, result, report, output, check, reports: S
         terminal.check(check)
 
 
+def _sizes(program, output: str) -> str:
+    """The files a program was saved to, with their sizes."""
+    from compiler.ir.program_data import data_file_path
+
+    written = f"{output} ({len(program.data)} bytes)"
+    if program.weights is not None:
+        written += f" and its weights {data_file_path(output)} ({len(program.weights)} bytes)"
+    return written
+
+
 def _run(args: argparse.Namespace, terminal: Terminal) -> int:
+    args.model = catalog.with_task(args.model, args.task)
     catalog.check_model_spec(args.model)
     if not os.path.isfile(args.program):
         raise UserInputError(f"PROGRAM {args.program!r} does not exist", hint="give the path of a .pte file")

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 
 from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
+from compiler.ir.program_data import ProgramData
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ CACHE_FORMAT = 1
 ENTRY_SUFFIX = ".entry"
 META = "cache_entry.json"
 _PTE = "program.pte"
+_PTD = "program.ptd"
 _TEMP_PREFIX = ".tmp-"
 # A stage's output is stored when the stages since the last stored one took at least this
 # long (run and verify); otherwise its entry holds only its report row (writing a large
@@ -284,6 +286,7 @@ class StageCache:
                     PlacementPlan.from_json(fields["plan"]),
                     fields["kernel_calls"],
                     fields["delegate_calls"],
+                    archive.read(_PTD) if _PTD in archive.namelist() else None,
                 )
                 return artifact, meta
         # Reading a member checks its CRC: a garbled weight is refused by the load.
@@ -353,7 +356,10 @@ class StageCache:
                     "kernel_calls": artifact.kernel_calls,
                     "delegate_calls": artifact.delegate_calls,
                 }
-                write_zip(temp, {META: json.dumps(meta, default=repr), _PTE: artifact.pte})
+                members = {META: json.dumps(meta, default=repr), _PTE: artifact.data}
+                if artifact.weights is not None:
+                    members[_PTD] = artifact.weights
+                write_zip(temp, members)
             else:
                 save_stage_file(temp, artifact, stage, config, extra={META: json.dumps(meta, default=repr)})
 
@@ -460,10 +466,15 @@ class _RowOnly(Exception):
     """The entry holds a stage's report row, not its output."""
 
 
-def write_zip(path: str, members: Mapping[str, str | bytes]) -> None:
+def write_zip(path: str, members: Mapping[str, str | bytes | ProgramData]) -> None:
+    """A program's bytes held in a file are copied in from it, never read whole."""
     with zipfile.ZipFile(path, "w") as archive:
         for name, data in members.items():
-            archive.writestr(name, data)
+            if isinstance(data, ProgramData):
+                with archive.open(name, "w", force_zip64=True) as member:
+                    data.write_to(member)
+            else:
+                archive.writestr(name, data)
 
 
 def read_meta(archive: zipfile.ZipFile, stage: str, key: str) -> dict:

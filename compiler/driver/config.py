@@ -208,7 +208,7 @@ def _specs(cls: type, stage: str | None, in_config: bool) -> Iterator[OptionSpec
         if "help" not in f.metadata:
             continue
         meta = f.metadata
-        name = stage if meta.get("primary") else f"{stage}_{f.name}" if stage else f.name
+        name = meta.get("name") or (stage if meta.get("primary") else f"{stage}_{f.name}" if stage else f.name)
         yield OptionSpec(
             name, stage, f.name, meta["kind"], f.default, meta["help"], meta["choices"], meta["metavar"], in_config,
             meta["takes"], f.converter,

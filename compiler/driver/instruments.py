@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
 from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
 from compiler.ir.errors import CompileError, VerificationError
+from compiler.process.memory import PeakSampler, resident_bytes
 from compiler.stages import STAGE_NAMES
 
 # The stage-file serializer (and with it ExecuTorch) is imported on first use, inside the
@@ -77,6 +78,38 @@ class Timing(Instrument):
 
     def record(self, stage):
         return {"seconds": self.seconds.get(stage, 0.0)}
+
+
+class ResidentMemory(Instrument):
+    """What the process holds after each stage and the peak it reached during it, so a real-size
+    compile shows which stage costs memory (a stage cannot be made to give back what a dependency
+    keeps; it can be seen)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, int | None] = {}
+        self.peaks: dict[str, int | None] = {}
+        self._sampler: PeakSampler | None = None
+
+    def before_stage(self, stage, artifact):
+        self._sampler = PeakSampler()
+        self._sampler.start()
+
+    def _end(self, stage: str) -> None:
+        if self._sampler is not None:
+            self.peaks[stage] = self._sampler.stop()
+            self.held[stage] = resident_bytes()
+            self._sampler = None
+
+    def after_stage(self, stage, before, after):
+        self._end(stage)
+
+    def on_failure(self, stage, artifact, error):
+        self._end(stage)
+
+    def record(self, stage):
+        if stage not in self.held:
+            return {}
+        return {"rss_bytes": self.held[stage], "peak_rss_bytes": self.peaks[stage]}
 
 
 class CountNodes(Instrument):
@@ -369,5 +402,7 @@ def instruments_for(run: DriverOptions) -> list[Instrument]:
     instruments.append(CountNodes())
     if run.verify:
         instruments.append(VerifyEach())
+    # Inside verification (its copies are the stage's) and outside timing (the sampler's start is not).
+    instruments.append(ResidentMemory())
     instruments.append(Timing())
     return instruments

@@ -40,6 +40,7 @@ import attrs
 
 from compiler.driver import cache as stage_cache
 from compiler.driver.config import CompileConfig, dependency_versions, split_options
+from compiler.ir.program_data import ProgramData, program_data, save_program
 from compiler.reporting.report import Report, StageRecord
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ PROGRAM_FORMAT = 1
 # The entry's stage name (no pipeline stage has it).
 PROGRAM = "program"
 _PTE = "program.pte"
+_PTD = "program.ptd"
 # Decide a program beyond `dependency_versions()`: quantization (torchao), the model suite (transformers).
 _MODEL_DEPENDENCIES = ("torchao", "transformers")
 # What a compile writes beside a model file: not what its factory reads.
@@ -61,17 +63,26 @@ class CachedProgram:
     (`pte`, `save`, `report`, `stopped_after` and `stages` as a `CompileResult`'s; no stage's
     artifact, as no stage ran)."""
 
-    pte: bytes
+    data: ProgramData = attrs.field(converter=program_data)
     report: Report
     stages: Mapping[str, Any] = attrs.field(factory=dict)
+    weights: ProgramData | None = attrs.field(default=None, converter=attrs.converters.optional(program_data))
+
+    @property
+    def pte(self) -> bytes:
+        return self.data.read()
+
+    @property
+    def program(self) -> "CachedProgram":
+        """What a `CompileResult`'s `program` gives: the `.pte` and its data file."""
+        return self
 
     @property
     def stopped_after(self) -> str:
         return self.report.stages[-1].stage
 
-    def save(self, path: str | os.PathLike) -> None:
-        with open(path, "wb") as f:
-            f.write(self.pte)
+    def save(self, path: str | os.PathLike) -> tuple[str, ...]:
+        return save_program(path, self.data, self.weights)
 
 
 def _digest(path: str) -> str:
@@ -86,6 +97,10 @@ def _model_key(spec: str, written: Sequence[str]) -> dict[str, Any]:
     """What decides the model a MODEL spec builds (as `compiler.models.catalog` reads specs);
     `written`: the files the run writes, which its factory does not read."""
     head, _, factory = spec.partition(":")
+    if os.path.isdir(head):  # a checkpoint: its files as they are on disk, and the task
+        files = sorted(os.listdir(head))
+        stats = [(n, os.stat(os.path.join(head, n)).st_size, os.stat(os.path.join(head, n)).st_mtime_ns) for n in files]
+        return {"checkpoint": os.path.abspath(head), "task": factory, "files": stats}
     if not (head.endswith(".py") or os.sep in head):
         return {"example": head, "arguments": factory}  # its source is in the compiler's digest
     folder = os.path.dirname(os.path.abspath(head))
@@ -189,6 +204,7 @@ class ProgramCache:
             with zipfile.ZipFile(path) as archive:
                 meta = stage_cache.read_meta(archive, PROGRAM, self.key)
                 pte = archive.read(_PTE)  # reading checks its CRC
+                weights = archive.read(_PTD) if _PTD in archive.namelist() else None
             report = _report(meta["report"], time.perf_counter() - start)
         except Exception as exc:
             logger.warning("program cache: ignoring the unreadable entry %s (%s: %s); compiling",
@@ -197,10 +213,10 @@ class ProgramCache:
             return None
         stage_cache.touch(path)
         logger.info("program cache: loaded the program in %.3f s; no stage runs", time.perf_counter() - start)
-        return CachedProgram(pte, report)
+        return CachedProgram(pte, report, weights=weights)
 
-    def store(self, pte: bytes, report: Report) -> bool:
-        """Stores a whole compile's program and report; False when not written."""
+    def store(self, program: Any, report: Report) -> bool:
+        """Stores a whole compile's program (its `.pte` and data file) and report; False when not written."""
         if not self.cache.write:
             return False
         rows = []
@@ -213,7 +229,9 @@ class ProgramCache:
             "report": {"stages": rows, "config": dict(report.config), "versions": dict(report.versions),
                        "plan": report.plan.to_json() if report.plan is not None else None},
         }
-        members = {stage_cache.META: json.dumps(meta, default=repr), _PTE: pte}
+        members = {stage_cache.META: json.dumps(meta, default=repr), _PTE: program.data}
+        if program.weights is not None:
+            members[_PTD] = program.weights
         return self.cache.write_entry(self.key, "the program", lambda temp: stage_cache.write_zip(temp, members))
 
 

@@ -11,6 +11,7 @@ metadata, which serialization drops, so they are re-applied from the plan on loa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -44,7 +45,7 @@ from compiler.ir.dialect import op_from_name
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.private_api import set_verifiers
+from compiler.ir.private_api import set_delegate_named_data, set_verifiers
 
 logger = logging.getLogger(__name__)
 
@@ -105,14 +106,18 @@ def save_stage_file(
     manifest["requires_grad"] = [
         n.name for n in artifact.program.graph.nodes if getattr(n.meta.get("val"), "requires_grad", False)
     ]
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, Any] = {}
     with _symbolic_floats_as_placeholder_ints(artifact.program), _delegate_blobs_aside(artifact.program, blobs):
         manifest["delegate_blobs"] = sorted(blobs)
         save_program(artifact.program, os.fspath(path), extra_files={**(extra or {}), MANIFEST: json.dumps(manifest)})
     if blobs:
         with zipfile.ZipFile(os.fspath(path), "a") as archive:
             for name, data in blobs.items():
-                archive.writestr(f"{DELEGATE_BLOBS}/{name}", data)
+                if isinstance(data, bytes):
+                    archive.writestr(f"{DELEGATE_BLOBS}/{name}", data)
+                else:  # a weight spilled to a file as it was made: copied in from there
+                    with archive.open(f"{DELEGATE_BLOBS}/{name}", "w", force_zip64=True) as member:
+                        data.write_to_file(member)
 
 
 def load_stage_file(path: str | os.PathLike) -> StageFile:
@@ -212,14 +217,20 @@ def _delegate_blobs_aside(program, blobs: dict[str, bytes]) -> Iterator[None]:
             torch.save(dict(original.state_dict), buffer)
             blobs[f"{index}.payload"] = module.processed_bytes
             blobs[f"{index}.state_dict"] = buffer.getvalue()
-            saved.append((module, module._processed_bytes, dict(original.state_dict)))
+            named = module.named_data_store_output
+            for position, data in enumerate(named.buffers if named is not None else ()):
+                blobs[f"{index}.named.{position}"] = data
+            saved.append((module, module._processed_bytes, dict(original.state_dict), named))
             module._processed_bytes = b""
             original.state_dict.update({name: _stand_in(t) for name, t in original.state_dict.items()})
+            if named is not None:
+                set_delegate_named_data(module, dataclasses.replace(named, buffers=[b""] * len(named.buffers)))
         yield
     finally:
-        for module, payload, state_dict in saved:
+        for module, payload, state_dict, named in saved:
             module._processed_bytes = payload
             module.original_module.state_dict.update(state_dict)
+            set_delegate_named_data(module, named)
 
 
 def _restore_delegate_blobs(program, blobs: Mapping[str, bytes]) -> None:
@@ -229,6 +240,10 @@ def _restore_delegate_blobs(program, blobs: Mapping[str, bytes]) -> None:
         module._processed_bytes = blobs[f"{index}.payload"]
         state_dict = torch.load(io.BytesIO(blobs[f"{index}.state_dict"]), weights_only=True)
         module.original_module.state_dict.update(state_dict)
+        named = module.named_data_store_output
+        if named is not None and named.buffers and f"{index}.named.0" in blobs:  # (older files keep them inline)
+            buffers = [blobs[f"{index}.named.{position}"] for position in range(len(named.buffers))]
+            set_delegate_named_data(module, dataclasses.replace(named, buffers=buffers))
 
 
 def _symbolic_float_nodes(program) -> list[torch.fx.Node]:

@@ -6,6 +6,7 @@ the driver checks them after every stage that returns one (verify-each).
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar, Mapping
 
 import attrs
@@ -17,6 +18,7 @@ from compiler.ir import invariants as inv
 from compiler.ir.dialect import ATEN, EDGE
 from compiler.ir.graph import delegate_calls, graph_text, op_nodes
 from compiler.ir.placement import PlacementPlan
+from compiler.ir.program_data import ProgramData, program_data, save_program
 
 
 @attrs.frozen
@@ -228,15 +230,28 @@ class ExecutorchProgram:
     the placement of its one method (a program of several has each method's in its method's
     result; here an empty plan)."""
 
-    pte: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
+    data: ProgramData = attrs.field(converter=program_data)  # the `.pte`: bytes, or a file for a large one
     operators: tuple[str, ...]  # each distinct CPU kernel, e.g. "aten::add.out"
     delegates: tuple[str, ...]  # the backend id of each delegate payload
     plan: PlacementPlan
     kernel_calls: int = 0
     delegate_calls: int = 0
+    # The data file (`.ptd`) holding the program's weights, when they were kept out of the `.pte`.
+    weights: ProgramData | None = attrs.field(default=None, converter=attrs.converters.optional(program_data))
 
     dialect: ClassVar[str] = "executorch"
     invariants: ClassVar[tuple] = (inv.pte_operators_registered,)
+
+    @property
+    def pte(self) -> bytes:
+        """The `.pte`'s bytes (read from its file for a large program: `data` saves or maps it
+        without reading it)."""
+        return self.data.read()
+
+    def save(self, path: str | os.PathLike) -> tuple[str, ...]:
+        """Write the `.pte` to `path` and its data file, if it has one, beside it as `.ptd`; the
+        paths written."""
+        return save_program(path, self.data, self.weights)
 
     def stats(self) -> ProgramStats:
         return ProgramStats(
@@ -246,7 +261,7 @@ class ExecutorchProgram:
         )
 
     def graph_text(self) -> str:
-        lines = [f"# {len(self.pte)} bytes"]
+        lines = [f"# {len(self.data)} bytes"]
         lines += [f"operator {name}" for name in self.operators]
         lines += [f"delegate {backend}" for backend in self.delegates]
         return "\n".join(lines) + "\n"

@@ -991,3 +991,151 @@ def coreml_payloads_rewritten(rewrite: Callable[[bytes], bytes]) -> Iterator[Non
             yield
         finally:
             rewrites.pop()
+
+
+# --- Weights written to disk as they are serialised (executorch.exir._serialize) -------
+
+
+@functools.cache
+def _spilled_blob_class() -> type:
+    """`FileBackedData` (the private `executorch.exir._serialize._cord`), the one kind of blob other
+    than `bytes` that ExecuTorch's named data store and its `.pte` writer take: the writer copies
+    it from its file in chunks. Its copies share the file (a program is deep-copied before it is
+    serialised; the file never changes). Checked against executorch 1.5.1."""
+    from executorch.exir._serialize._cord import FileBackedData
+
+    class SpilledBlob(FileBackedData):
+        def __deepcopy__(self, memo: dict) -> "SpilledBlob":
+            return self
+
+        def __copy__(self) -> "SpilledBlob":
+            return self
+
+        def __bytes__(self) -> bytes:  # what readers of a store's buffers take
+            return self.to_bytes()
+
+    return SpilledBlob
+
+
+def spilled_blob(data: bytes, directory: str) -> Any:
+    """`data` written to a file of its own in `directory`, as a blob ExecuTorch's serialiser takes
+    in place of the bytes; the file goes when the blob does."""
+    import os
+    import tempfile
+
+    handle, path = tempfile.mkstemp(prefix="staged-compiler-", suffix=".blob", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+    except BaseException:
+        os.remove(path)
+        raise
+    return _spilled_blob_class()(path, cleanup=True)
+
+
+def _spilling(should_spill: Callable[[Any], bool], directory: str, position: int) -> Callable[[Callable], Callable]:
+    """A wrapper that hands the original a spilled blob for its `position`th argument (counting
+    `self`) where `should_spill` says so."""
+
+    def wrap(original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            folder = getattr(_this_thread, "spill_directory", None)
+            if folder is not None and len(args) > position and should_spill(args[position]):
+                args = (*args[:position], spilled_blob(args[position], folder), *args[position + 1 :])
+            return original(*args, **kwargs)
+
+        return call
+
+    return wrap
+
+
+@contextlib.contextmanager
+def blobs_spilled(directory: str, at_least: int) -> Iterator[None]:
+    """While the block runs, in this thread, every blob of at least `at_least` bytes that a
+    backend's `preprocess` puts in its named data store (XNNPACK's and MLX's weights) and every
+    constant ExecuTorch's emitter stores (the CPU's weights, inside the `.pte` or in a `.ptd`)
+    is written to a file in `directory` as it is made, and only the file is held: the payloads
+    and the program then cost the weights once (the model's), not once per copy. Both owners
+    keep a blob as `bytes` and have no hook: `NamedDataStore._add_named_data_to_map` and
+    `_Emitter._save_new_const_tensor` take the spilled blob in its place. Checked against
+    executorch 1.5.1."""
+    from executorch.exir._serialize._named_data_store import NamedDataStore
+    from executorch.exir.emit._emitter import _Emitter
+
+    def large(data: Any) -> bool:
+        return isinstance(data, bytes) and len(data) >= at_least
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced(NamedDataStore, "_add_named_data_to_map", _spilling(large, directory, 2)))
+        stack.enter_context(_replaced(_Emitter, "_save_new_const_tensor", _spilling(large, directory, 2)))
+        previous = getattr(_this_thread, "spill_directory", None)
+        _this_thread.spill_directory = directory
+        try:
+            yield
+        finally:
+            _this_thread.spill_directory = previous
+
+
+def pte_program_only(head: bytes) -> Any:
+    """The flatbuffer program of a `.pte` (execution plans, operators, delegate ids) without its
+    segments, from the file's first bytes (`pte_program_bytes` says how many): a large program's
+    weights need not be read to see what it calls. ExecuTorch's reader
+    (`_program.deserialize_pte_binary`) reads every segment too. Checked against executorch 1.5.1."""
+    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
+
+    header = _get_extended_header(head)
+    size = header.program_size if header is not None and header.is_valid() else len(head)
+    return _flatbuffer_to_program(bytes(head[:size]))
+
+
+def pte_program_bytes(head: bytes) -> int | None:
+    """How many of a `.pte`'s first bytes hold its program flatbuffer, from the extended header in
+    its first `head` bytes (None without one: the whole file is the flatbuffer)."""
+    from executorch.exir._serialize._program import _get_extended_header
+
+    header = _get_extended_header(head)
+    return header.program_size if header is not None and header.is_valid() else None
+
+
+def pte_segment_base(head: bytes) -> int:
+    """Where a `.pte`'s segments start (the offsets in `program.segments` count from there), from
+    the extended header in its first bytes; 0 without one. Checked against executorch 1.5.1."""
+    from executorch.exir._serialize._program import _get_extended_header
+
+    header = _get_extended_header(head)
+    return header.segment_base_offset if header is not None and header.is_valid() else 0
+
+
+@contextlib.contextmanager
+def delegate_data_in_file(programs: Iterable[ExportedProgram], tag: str) -> Iterator[None]:
+    """While the block runs, every delegate of `programs` lists the named data its `preprocess`
+    stored (XNNPACK's and MLX's weights) as data of the external file `tag` instead of the `.pte`'s;
+    the delegates are the lowered artifact's, shared, and get their own lists back after.
+    A `LoweredBackendModule`'s named data can be read but not set publicly
+    (`_named_data_store_output`), and the backends mark only what a graph annotation asks
+    (XNNPACK alone reads one). Checked against executorch 1.5.1."""
+    from executorch.exir._serialize._named_data_store import NamedDataStoreOutput
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    delegates = {
+        id(module): module
+        for program in programs
+        for module in program.graph_module.modules()
+        if isinstance(module, LoweredBackendModule) and module.named_data_store_output is not None
+    }
+    saved = [(module, module.named_data_store_output) for module in delegates.values()]
+    try:
+        for module, output in saved:
+            external = {name: dict(entries) for name, entries in output.external_data.items()}
+            external.setdefault(tag, {}).update(output.pte_data)
+            set_delegate_named_data(module, NamedDataStoreOutput(output.buffers, {}, external))
+        yield
+    finally:
+        for module, output in saved:
+            set_delegate_named_data(module, output)
+
+
+def set_delegate_named_data(module: Any, output: Any) -> None:
+    """Give a `LoweredBackendModule` other named data (a `NamedDataStoreOutput`, or None): it has
+    no setter, only the private `_named_data_store_output`. Checked against executorch 1.5.1."""
+    module._named_data_store_output = output

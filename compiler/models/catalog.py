@@ -52,10 +52,40 @@ def models() -> dict[str, ModelEntry]:
     return {entry.name: entry for entry in found}
 
 
+# What a `save_pretrained` folder can be compiled for (`FOLDER:TASK`): optimum-executorch's task names.
+TASKS = ("text-generation", "feature-extraction", "fill-mask", "image-classification")
+
+
+def is_checkpoint_spec(spec: str) -> bool:
+    """Whether MODEL names a folder (`FOLDER` or `FOLDER:TASK`) rather than an example or a file."""
+    return os.path.isdir(spec.partition(":")[0])
+
+
+def with_task(spec: str, task: str | None) -> str:
+    """MODEL with `--task` joined to a folder that names none (`FOLDER` -> `FOLDER:TASK`)."""
+    if task is None:
+        return spec
+    head, _, tail = spec.partition(":")
+    if not os.path.isdir(head):
+        raise UserInputError(f"--task {task} is for a save_pretrained folder; MODEL {spec!r} is not one",
+                             hint="give MODEL as the folder save_pretrained wrote, or drop --task")
+    if tail and tail != task:
+        raise UserInputError(f"MODEL {spec!r} names the task {tail!r} and --task {task!r}", hint="give the task once")
+    return f"{head}:{task}"
+
+
 def check_model_spec(spec: str) -> None:
     """A MODEL spec that cannot name a model is an error before anything is imported."""
     head, _, tail = spec.partition(":")
-    if head.endswith(".py") or os.sep in head:
+    if os.path.isdir(head):
+        if not os.path.isfile(os.path.join(head, "config.json")):
+            raise UserInputError(f"MODEL folder {head!r} holds no config.json", hint="give the folder save_pretrained wrote")
+        if tail not in TASKS:
+            raise UserInputError(
+                f"MODEL {spec!r}: a save_pretrained folder needs a task" + (f", not {tail!r}" if tail else ""),
+                hint=f"give --task (or FOLDER:TASK): one of {', '.join(TASKS)}",
+            )
+    elif head.endswith(".py") or os.sep in head:
         if not os.path.isfile(head):
             raise UserInputError(f"MODEL file {head!r} does not exist", hint="give path/to/file.py:factory")
         if not tail:
@@ -64,6 +94,6 @@ def check_model_spec(spec: str) -> None:
             )
     elif head not in models():
         raise UserInputError(
-            f"MODEL {spec!r} is neither a built-in example nor path/to/file.py:factory",
+            f"MODEL {spec!r} is neither a built-in example, path/to/file.py:factory nor a save_pretrained folder",
             hint=f"built-in models: {', '.join(models())} (see `python -m compiler examples`)",
         )

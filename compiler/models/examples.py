@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from compiler.models import model_suite
-from compiler.models.catalog import check_model_spec
+from compiler.models.catalog import check_model_spec, is_checkpoint_spec
+from compiler.models.checkpoint import load_checkpoint
 from compiler.ir.errors import UserInputError
 
 
@@ -149,11 +150,14 @@ def _factory(spec: str) -> tuple[Callable, dict[str, Any]]:
     head, _, tail = spec.partition(":")
     if head in MODELS:
         return MODELS[head], _parse_kwargs(tail, spec)
+    if is_checkpoint_spec(spec):
+        return functools.partial(load_checkpoint, head, tail), {}
     return _factory_from_file(head, tail), {}
 
 
 def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
-    """`name[:key=value,...]` for a built-in example, or `path/to/file.py:factory`.
+    """`name[:key=value,...]` for a built-in example, `path/to/file.py:factory`, or `FOLDER:TASK` for a
+    `save_pretrained` folder (`compiler.models.checkpoint`).
 
     A factory returns `(module, example_inputs)` or `(module, example_inputs, dynamic_shapes)`.
     """

@@ -126,14 +126,14 @@ class TextModel:
         restore_state(self.step, self.initial_state)
 
 
-def _from_folder(folder: str):
+def _from_folder(folder: str, dtype: torch.dtype):
     """A local `save_pretrained` folder: its weights when it has them, else its config's random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(folder)
     has_weights = any(name.endswith((".safetensors", ".bin")) for name in os.listdir(folder))
     if has_weights:
-        return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -144,10 +144,12 @@ def _special(value: Any) -> tuple[int, ...]:
 
 
 def text_model(
-    model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int = 0, dynamic_prefill: bool = False
+    model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int = 0, dynamic_prefill: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> TextModel:
     """`model`: a built-in name (llama, qwen3, gemma: tiny, random weights drawn with `seed`), a local
-    `save_pretrained` folder, a transformers config (random weights drawn with `seed`) or `*ForCausalLM`."""
+    `save_pretrained` folder (its weights read as `dtype`), a transformers config (random weights drawn
+    with `seed`) or `*ForCausalLM`."""
     try:
         from transformers import GenerationConfig, PretrainedConfig
         from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
@@ -163,7 +165,7 @@ def text_model(
             config._attn_implementation = "sdpa"
             hf_model = model_class(config)
         elif isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
-            name, hf_model = os.path.basename(os.path.normpath(model)), _from_folder(os.fspath(model))
+            name, hf_model = os.path.basename(os.path.normpath(model)), _from_folder(os.fspath(model), dtype)
         elif isinstance(model, torch.nn.Module) and hasattr(model, "generation_config"):
             name, hf_model = type(model).__name__, model
         elif isinstance(model, PretrainedConfig):

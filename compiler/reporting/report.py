@@ -9,11 +9,12 @@ explains every column and field.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
 from compiler.ir.placement import OpSummary, PlacementPlan, backend_name
+from compiler.process.memory import GB
 
 
 @attrs.frozen
@@ -25,6 +26,10 @@ class StageRecord:
     nodes_out: int | None = None
     delegates: int | None = None
     cpu_ops: int | None = None
+    # The process's resident memory after the stage, and its peak while the stage ran (None where
+    # the OS does not say, or for a stage the cache gave).
+    rss_bytes: int | None = None
+    peak_rss_bytes: int | None = None
     # What the stage itself reported (e.g. the fold stage's constants created).
     metrics: Mapping[str, Any] = attrs.field(factory=dict)
     # What the dependencies printed, warned or logged while the stage ran (kept off the terminal).
@@ -45,6 +50,19 @@ def _cell(value: Any) -> str:
 
 def _count(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def memory_cell(held: int | None, peak: int | None) -> str:
+    """What a stage left resident and the peak it reached, in GB ("-" where unknown)."""
+    if held is None:
+        return "-"
+    return f"{held / GB:.2f} (peak {peak / GB:.2f})" if peak is not None else f"{held / GB:.2f}"
+
+
+def _peak_cell(records: Sequence[StageRecord]) -> str:
+    """The highest peak of the stages' ("" where none was measured)."""
+    peaks = [r.peak_rss_bytes for r in records if r.peak_rss_bytes is not None]
+    return f"peak {max(peaks) / GB:.2f}" if peaks else ""
 
 
 def _kib(n: int) -> str:
@@ -160,7 +178,7 @@ class Report:
 
     def stage_rows(self) -> tuple[list[str], list[list[str]]]:
         """(header, rows) of the stage table, the total last; cells are text."""
-        header = ["stage", "time s", "verify s", "nodes in", "nodes out", "delegates", "cpu ops", "notes"]
+        header = ["stage", "time s", "verify s", "nodes in", "nodes out", "delegates", "cpu ops", "memory GB", "notes"]
         rows = [
             [
                 r.stage,
@@ -170,11 +188,15 @@ class Report:
                 _cell(r.nodes_out),
                 _cell(r.delegates),
                 _cell(r.cpu_ops),
+                memory_cell(r.rss_bytes, r.peak_rss_bytes),
                 "; ".join(([_cached_phrase(r)] if r.cached else []) + [metric_phrase(k, v) for k, v in r.metrics.items()]),
             ]
             for r in self.stages
         ]
-        rows.append(["total", _cell(self.total_seconds), _cell(sum(r.verify_seconds for r in self.stages)), "", "", "", "", ""])
+        rows.append([
+            "total", _cell(self.total_seconds), _cell(sum(r.verify_seconds for r in self.stages)), "", "", "", "",
+            _peak_cell(self.stages), "",
+        ])
         return header, rows
 
     def format_stages(self) -> str:
@@ -279,7 +301,8 @@ class MethodsReport:
             rows += [[", ".join(self.methods), *row] for row in Report((self.emit,)).stage_rows()[1][:-1]]
         verify = sum(r.verify_seconds for report in self.methods.values() for r in report.stages)
         verify += self.emit.verify_seconds if self.emit else 0.0
-        rows.append(["total", "", _cell(self.total_seconds), _cell(verify), "", "", "", "", ""])
+        records = [r for report in self.methods.values() for r in report.stages] + ([self.emit] if self.emit else [])
+        rows.append(["total", "", _cell(self.total_seconds), _cell(verify), "", "", "", "", _peak_cell(records), ""])
         return ["method", *header], rows
 
     def format_stages(self) -> str:

@@ -306,7 +306,8 @@ class ReferenceExecutor:
     """
 
     def __init__(self, pte: bytes, kv_cache: Any = None,
-                 tap: Callable[[int, list[Any], list[Any]], None] | None = None) -> None:
+                 tap: Callable[[int, list[Any], list[Any]], None] | None = None, weights: bytes | None = None) -> None:
+        """`weights`: the program's data file (`.ptd`), for a program whose weights are kept out of it."""
         self.tap = tap
         pte_file = deserialize_pte(pte)
         self.program = pte_file.program
@@ -315,6 +316,12 @@ class ReferenceExecutor:
             buffers = pte_file.named_data.buffers
             for key, entry in pte_file.named_data.pte_data.items():
                 self.named_data[key] = buffers[entry.buffer_index]
+        if weights is not None:
+            from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+            payload = FlatTensorSerializer().deserialize(weights)
+            for key, entry in payload.named_data.items():
+                self.named_data[key] = payload.buffers[entry.buffer_index]
         self.mutable_data = pte_file.mutable_data or []
         self.kv_cache = kv_cache
         self._delegates: dict[tuple[str, int], Any] = {}

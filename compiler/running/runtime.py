@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import tempfile
 from typing import Any, Sequence
 
 import attrs
@@ -15,35 +16,97 @@ from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import UnsupportedByRuntime, UserInputError
 from compiler.ir.kernels import load_llm_kernels, load_quantized_kernels
-from compiler.ir.private_api import deserialize_pte
+from compiler.ir.program_data import ProgramData, data_file_path, delegate_payload, flatbuffer_program
 from compiler.ir.targets import BY_DELEGATE_ID
 from compiler.running.activation_steps import activation_steps, quantizes_activations
 from compiler.running.tolerance import Tolerance, abs_error, largest_finite, max_abs_error
 
 
-def _pte_and_delegates(program: Any) -> tuple[bytes, set[str]]:
+@attrs.frozen
+class _Loadable:
+    """A program to load: its bytes (a file is read only as far as its flatbuffer), its data file
+    if it has one, that flatbuffer, and the delegates it calls."""
+
+    data: ProgramData
+    weights: ProgramData | None
+    flatbuffer: Any
+    delegates: frozenset[str]
+
+
+def _loadable(program: Any, weights: str | os.PathLike | None = None) -> _Loadable:
+    """`weights`: the data file of a program given as bytes or a path (a `.ptd` beside a path is
+    found by itself)."""
     if isinstance(program, (str, os.PathLike)):
         path = pathlib.Path(program)
         if not path.is_file():
             raise UserInputError(f"no program file at {str(path)!r}", hint="give the path of a .pte file")
-        program = path.read_bytes()
-    if isinstance(program, (bytes, bytearray, memoryview)):
-        program = bytes(program)
+        beside = pathlib.Path(data_file_path(path))
+        if weights is None and beside.is_file():
+            weights = beside
+        program = ProgramData(path=str(path), owned=False)
+    elif isinstance(program, (bytes, bytearray, memoryview)):
+        program = ProgramData(bytes(program))
+    if isinstance(program, ProgramData):
         try:
-            plans = deserialize_pte(program).program.execution_plan
+            flatbuffer = flatbuffer_program(program)
         except Exception as exc:  # the flatbuffer reader fails in many ways on a non-program
             raise UserInputError(
                 f"these {len(program)} bytes are not an ExecuTorch program ({type(exc).__name__}: {exc})",
                 hint="give the bytes of a .pte file, as written by to_executorch() or compiler.compile",
             ) from exc
-        return program, {d.id for plan in plans for d in plan.delegates}
+        data_file = ProgramData(path=os.fspath(weights), owned=False) if weights is not None else None
+        delegates = frozenset(d.id for plan in flatbuffer.execution_plan for d in plan.delegates)
+        return _Loadable(program, data_file, flatbuffer, delegates)
     program = getattr(program, "program", program)
     if not isinstance(program, ExecutorchProgram):
         raise UserInputError(
             f"cannot run a {type(program).__name__}: only emitted programs run",
             hint="give a CompileResult that reached emit, the bytes of a .pte or its path",
         )
-    return program.pte, set(program.delegates)
+    return _Loadable(program.data, program.weights, flatbuffer_program(program.data), frozenset(program.delegates))
+
+
+def _refuse_missing_data_file(loadable: _Loadable) -> None:
+    """A named error for a program that reads data kept out of it, given without its data file:
+    a tensor stored externally, or named data a payload reads that the `.pte` does not hold (on
+    which ExecuTorch's XNNPACK delegate crashes the process instead of failing)."""
+    from executorch.exir import schema
+
+    if loadable.weights is not None:
+        return
+    held = {entry.key for entry in loadable.flatbuffer.named_data or ()}
+    missing: set[str] = set()
+    for plan in loadable.flatbuffer.execution_plan:
+        for value in plan.values:
+            info = getattr(value.val, "extra_tensor_info", None)
+            if info is not None and info.location == schema.TensorDataLocation.EXTERNAL:
+                missing.add(info.fully_qualified_name)
+        for delegate in plan.delegates:
+            keys = backends.named_data_keys(delegate.id)
+            read = keys(delegate_payload(loadable.data, loadable.flatbuffer, delegate)) if keys is not None else set()
+            if read and not read & held:  # a payload whose weights were all written elsewhere
+                missing |= read
+    if missing:
+        raise UserInputError(
+            f"the program reads {len(missing)} tensor(s) kept out of the .pte (e.g. {sorted(missing)[0]!r}), and no "
+            "data file was given",
+            hint="a program compiled with external weights loads with its .ptd: keep PROGRAM.ptd beside "
+            "PROGRAM.pte (compiler.run(path) finds it there)",
+        )
+
+
+def _loaded_from_files(runtime: Any, loadable: _Loadable) -> Any:
+    """ExecuTorch's runtime loads a program with a data file only from files: bytes held in memory
+    are written to temporary files first; a program in a file is mapped, not read."""
+    if loadable.weights is None:
+        return runtime.load_program(loadable.data.path or loadable.data.read())
+    with tempfile.TemporaryDirectory(prefix="staged-compiler-") as folder:
+        paths = []
+        for data, name in ((loadable.data, "program.pte"), (loadable.weights, "program.ptd")):
+            if data.path is None:
+                data.save(os.path.join(folder, name))
+            paths.append(data.path or os.path.join(folder, name))
+        return runtime.load_program(paths[0], data_path=paths[1])
 
 
 # Kernels that convert a dtype: they compute nothing in either.
@@ -122,19 +185,21 @@ class LoadedProgram:
     which runs CPU kernels with torch and each delegate with its reference runner.
     """
 
-    def __init__(self, program: Any) -> None:
+    def __init__(self, program: Any, weights: str | os.PathLike | None = None) -> None:
+        """`weights`: the data file (`.ptd`) of a program given as bytes or a path, when it is not
+        beside it."""
         # ExecuTorch's runtime talks as it loads (cpuinfo, from C): kept in `messages`, off the terminal.
         with DependencyOutput() as output:
-            self._load(program)
+            self._load(program, weights)
         self.messages = output.leftover
 
-    def _load(self, program: Any) -> None:
+    def _load(self, program: Any, weights: str | os.PathLike | None) -> None:
         from executorch.runtime import Runtime
 
-        pte, delegates = _pte_and_delegates(program)
+        loadable = _loadable(program, weights)
+        deserialized, delegates = loadable.flatbuffer, loadable.delegates
         # The least precise floating dtype the program's kernels and delegates take or make, dtype
         # conversions aside (a bfloat16 model computed in float32 converts at its edges).
-        deserialized = deserialize_pte(pte).program
         self.computes_in = _computed_dtype(deserialized)
         self._bounds = _input_bounds(deserialized)
         runtime = Runtime.get()
@@ -151,14 +216,16 @@ class LoadedProgram:
         if missing:
             from compiler.running.reference import ReferenceExecutor
 
-            self._reference = ReferenceExecutor(pte)
+            weights_bytes = loadable.weights.read() if loadable.weights is not None else None
+            self._reference = ReferenceExecutor(loadable.data.read(), weights=weights_bytes)
             self._execute = self._reference.run
         else:
             load_quantized_kernels()
             load_llm_kernels()
             # The program is kept while its methods run: they read the program's data. Its methods
             # share the host arenas, so the state a program of several methods shares is one.
-            program = runtime.load_program(pte)
+            _refuse_missing_data_file(loadable)
+            program = _loaded_from_files(runtime, loadable)
             # Loaded now, while the runtime's talk (cpuinfo, as a delegate initializes) is captured;
             # the program caches its methods, so each call finds its method loaded.
             for name in program.method_names:
@@ -297,7 +364,14 @@ def _cast(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) ->
     import copy
 
     cast = pytree.tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, tuple(inputs))
-    return copy.deepcopy(module).to(dtype), cast
+    copied = copy.deepcopy(module)
+    # Cast in place, not `.to(dtype)`, which puts new buffers in the module: state held elsewhere
+    # too (a transformers static cache's layers hold its key and value tensors) would stay in the
+    # old dtype and the two would no longer be one.
+    for tensor in [*copied.parameters(), *copied.buffers()]:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.to(dtype)
+    return copied, cast
 
 
 def _in_dtype(program: Any, model: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[Any, tuple]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
+import shutil
+import tempfile
 from typing import Any, Mapping
 
 import attrs
@@ -16,7 +19,13 @@ from compiler.ir.artifacts import ExecutorchProgram, LoweredMethods, LoweredProg
 from compiler.ir.placement import PlacementPlan
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import copy_program, delegate_calls, state_not_starting_at_zero
-from compiler.ir.private_api import delegate_outputs_from_call_sites, deserialize_pte
+from compiler.ir.private_api import (
+    blobs_spilled,
+    delegate_data_in_file,
+    delegate_outputs_from_call_sites,
+    deserialize_pte,
+)
+from compiler.ir.program_data import SPILL_BLOB_BYTES, SPILL_PROGRAM_BYTES, ProgramData, spill_directory
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
 from compiler.stages.shared import METHOD
@@ -122,6 +131,32 @@ def _check_shared_state(lowered: Mapping[str, LoweredProgram]) -> None:
                 )
 
 
+# The data file's name inside the program: the runtime is given the file itself, whatever it is called.
+WEIGHTS_FILE = "weights"
+
+
+def _in_weights_file(node) -> str:
+    """Every CPU constant goes to the data file (ExecuTorch's `external_constants` asks per node)."""
+    return WEIGHTS_FILE
+
+
+def _weights_file(emitted) -> ProgramData | None:
+    """The data file ExecuTorch made beside the program (None: no weights), held like the program."""
+    folder = tempfile.mkdtemp(prefix="staged-compiler-", dir=spill_directory())
+    try:
+        emitted.write_tensor_data_to_file(folder)
+        made = os.path.join(folder, f"{WEIGHTS_FILE}.ptd")
+        if not os.path.exists(made):
+            return None
+        handle, path = tempfile.mkstemp(prefix="staged-compiler-", suffix=".ptd", dir=spill_directory())
+        os.close(handle)
+        os.replace(made, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    weights = ProgramData(path=path)
+    return weights if len(weights) >= SPILL_PROGRAM_BYTES else ProgramData(weights.read())
+
+
 def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, metrics: dict[str, Any]) -> ExecutorchProgram:
     """One `.pte` of the named lowered programs. ExecuTorch's emitter stores a constant once by
     its bytes' hash, so weights the methods share are stored once; with several methods each
@@ -137,14 +172,18 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     initialized = [target for program in programs.values() for target in keep_initial_state(program)]
     if initialized:
         metrics["initialized_state"] = len(initialized)
-    manager = EdgeProgramManager(
-        programs,
-        constant_methods=constant_method_values(options.constant_methods) or None,
-        compile_config=EdgeCompileConfig(_check_ir_validity=False),
-    )
+    with contextlib.ExitStack() as stack:
+        if options.external_weights:  # the delegates' named data goes to the data file too
+            stack.enter_context(delegate_data_in_file(programs.values(), WEIGHTS_FILE))
+        manager = EdgeProgramManager(
+            programs,
+            constant_methods=constant_method_values(options.constant_methods) or None,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        )
     config = ExecutorchBackendConfig(
         extract_delegate_segments=options.extract_delegate_segments,
         emit_stacktrace=options.stacktrace,
+        external_constants=_in_weights_file if options.external_weights else False,
         **(dict(memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True), emit_mutable_buffer_names=True)
            if shared else {}),
     )
@@ -152,21 +191,31 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     with contextlib.ExitStack() as stack:
         for program in programs.values():
             stack.enter_context(delegate_outputs_from_call_sites(program.graph_module))
+        # The CPU's weights go to files as the emitter stores them, as the delegates' did in lower.
+        stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES))
         emitted = manager.to_executorch(config)
     # The plans as emitted: reading them back from the bytes would copy every payload again.
     plans = [plan for plan in emitted.executorch_program.execution_plan if plan.name in programs]
-    pte = emitted.buffer
-    del emitted, manager  # its pieces of the .pte are joined into `pte` now
+    # Written as it is serialised, piece by piece (joining the pieces would hold every weight again);
+    # a small program is then read back into memory.
+    pte = ProgramData.written(emitted.write_to_file)
+    if len(pte) < SPILL_PROGRAM_BYTES:
+        pte = ProgramData(pte.read())
+    weights = _weights_file(emitted) if options.external_weights else None
+    del emitted, manager  # its pieces of the .pte are in `pte` now
     metrics["pte_bytes"] = len(pte)
+    if weights is not None:
+        metrics["ptd_bytes"] = len(weights)
     calls = [plan_calls(plan) for plan in plans]
     operators = dict.fromkeys(_operator_name(op) for plan in plans for op in plan.operators)
     return ExecutorchProgram(
-        pte=pte,
+        data=pte,
         operators=tuple(operators),
         delegates=tuple(d.id for plan in plans for d in plan.delegates),
         plan=next(iter(lowered.values())).plan if not shared else PlacementPlan(()),
         kernel_calls=sum(c.cpu_calls for c in calls),
         delegate_calls=sum(c.delegates for c in calls),
+        weights=weights,
     )
 
 

@@ -68,11 +68,13 @@ def option(
     converter=None,
     takes: str | None = None,
     primary: bool = False,
+    name: str | None = None,
 ):
     """An attrs field that is also a user-facing option: its help text, value kind, choices and
     metavar are what the CLI flag and the options table (docs/options.md) are made from; `takes` PATH or STREAM
     widens what a value may be. A stage's `primary` option is named by the stage alone
-    (`quantize`, `--quantize SCHEME`), the others `<stage>_<field>`."""
+    (`quantize`, `--quantize SCHEME`), one given a `name` by it (an option users know by that name),
+    the others `<stage>_<field>`."""
     kind = kind or type(default)
     return attrs.field(
         default=default,
@@ -80,6 +82,7 @@ def option(
         validator=_of_its_kind,
         metadata={
             "help": help, "kind": kind, "choices": choices, "metavar": metavar, "takes": takes, "primary": primary,
+            "name": name,
         },
     )
 
@@ -218,6 +221,11 @@ class EmitOptions:
         True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it"
     )
     stacktrace: bool = option(False, "record each instruction's Python stack trace in the .pte")
+    external_weights: bool = option(
+        False, "write the weights (the CPU's and the delegates' that their runtime reads as named data) to a "
+        "data file, OUTPUT.ptd beside OUTPUT.pte, which ExecuTorch's runtime loads with the program",
+        name="external_weights",
+    )
     constant_methods: tuple[str, ...] = option(
         (), "a method NAME=VALUE the .pte also holds that returns VALUE (an int, a float, true / false, or "
         "ints separated by commas), as ExecuTorch's LLM runners read their metadata (get_max_seq_len=128)",

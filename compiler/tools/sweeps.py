@@ -52,6 +52,7 @@ _NOT_IN_A_JOB = {
     "stop_after": "a sweep job compiles to the end (compile with stop_after on its own)",
     "resume_from": "a sweep job compiles from the model (resume with compile on its own)",
     "print_after_change": "workers print nothing (use dump_dir to see each stage's graph)",
+    "external_weights": "a sweep job writes one .pte (compile with external_weights on its own for a .pte and .ptd)",
 }
 # Keys whose list value expands to the cross product (besides the options).
 _EXPANDING = ("model", "backend", "backend_options", "check", "tolerance")
@@ -407,7 +408,7 @@ def _run_job(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
     artifact = api.compile(module, inputs, job.backend, backend_options=job.backend_options or None,
                            dynamic_shapes=dynamic_shapes, **options)
     if programs is not None:
-        programs.store(artifact.pte, artifact.report)
+        programs.store(artifact.program, artifact.report)
     check = None
     if job.check:
         from compiler.running import runtime

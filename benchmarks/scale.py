@@ -1,0 +1,303 @@
+"""Real-size compiles: Llama-shaped checkpoints compiled from their folders, ours and stock in one run.
+
+    python -m benchmarks.scale [--sizes 0.5b 1b 3b] [--cells xnnpack:float xnnpack:8da4w coreml:4w mlx:4w]
+                               [--ways ours stock] [--check] [--external-weights] [--folders DIR]
+                               [--json benchmarks/results/scale.json] [--markdown benchmarks/results/scale.md]
+
+Each size is written once as a `save_pretrained` folder (random weights, bfloat16, as checkpoints
+ship) under `--folders`. Each cell (size x backend x scheme x way) runs in a process of its own,
+one at a time, which loads the folder and compiles the text-generation step (its static KV cache of
+`CACHE` positions): ours with `compiler.compile` (stage cache off) from the checkpoint as read,
+stock the way its documentation does it, the model cast to float32 (`torch.export` +
+`to_edge_transform_and_lower(ep, [<backend's partitioner>])` + `to_executorch()`, written with
+`write_to_file`) or, for a quantized cell, ExecuTorch's recipe for the scheme
+(`executorch.export.export`). The parent reads the child's peak resident set from the kernel
+(`wait4`'s `ru_maxrss`: loading included) and its wall time; the child reports what it held
+after loading, the program's sizes and, with `--check`, the check against eager. A child the
+kernel kills says so, with the peak it reached. "over weights" divides the peak less the
+libraries' fixed cost (`FIXED_BYTES`) by the bytes of the weights the program holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_JSON = os.path.join(HERE, "results", "scale.json")
+DEFAULT_MARKDOWN = os.path.join(HERE, "results", "scale.md")
+DEFAULT_FOLDERS = os.path.join(os.path.expanduser("~"), ".cache", "staged-compiler", "scale")
+
+# Llama-shaped sizes: the 0.5B is Qwen2.5-0.5B's shape, 1B and 3B Llama 3.2's (tied embeddings).
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(hidden=256, layers=4, intermediate=688, heads=4, kv_heads=2, vocab=4096),
+    "0.1b": dict(hidden=768, layers=8, intermediate=2048, heads=12, kv_heads=4, vocab=32000),
+    "0.5b": dict(hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2, vocab=151936),
+    "1b": dict(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
+    "3b": dict(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8, vocab=128256),
+}
+CELLS = ("xnnpack:float", "xnnpack:8da4w", "coreml:float", "coreml:4w", "mlx:float", "mlx:4w")
+CACHE = 128
+GROUP_SIZE = 32
+# What the libraries cost before any weight (torch, ExecuTorch, coremltools, transformers imported).
+FIXED_BYTES = int(1.5e9)
+GB = 1e9
+# The issue's bound: a compile from a checkpoint peaks at most this many times the weights it holds, over the fixed cost.
+TARGET_OVER_WEIGHTS = 1.5
+
+
+def _config(size: str):
+    from transformers import LlamaConfig
+
+    shape = SIZES[size]
+    return LlamaConfig(
+        hidden_size=shape["hidden"], num_hidden_layers=shape["layers"], intermediate_size=shape["intermediate"],
+        num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
+        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        dtype="bfloat16",
+    )
+
+
+def parameters(size: str) -> int:
+    """Parameters of a size's model (tied embeddings counted once)."""
+    s = SIZES[size]
+    head = s["hidden"] // s["heads"]
+    attention = 2 * s["hidden"] * s["hidden"] + 2 * s["hidden"] * s["kv_heads"] * head
+    block = attention + 3 * s["hidden"] * s["intermediate"] + 2 * s["hidden"]
+    return s["layers"] * block + s["vocab"] * s["hidden"] + s["hidden"]
+
+
+def write_folder(size: str, folders: str) -> str:
+    """The size's checkpoint folder, written once (random weights, bfloat16)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    folder = os.path.join(folders, f"llama-{size}")
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    os.makedirs(folders, exist_ok=True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM._from_config(_config(size), dtype=torch.bfloat16)
+    model.save_pretrained(folder + ".tmp")
+    os.replace(folder + ".tmp", folder)
+    return folder
+
+
+# --- one cell, in a process of its own ---------------------------------------------------
+
+
+def _resident() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _ours(cell: dict, step, inputs, shapes) -> dict:
+    import compiler
+
+    options: dict[str, Any] = {"cache": False}
+    if cell["scheme"] != "float":
+        options |= {"quantize": cell["scheme"], "quantize_group_size": GROUP_SIZE}
+    if cell["external"]:
+        options["external_weights"] = True
+    result = compiler.compile(step, inputs, cell["backend"], dynamic_shapes=shapes, **options)
+    written = result.save(cell["output"])
+    out = {
+        "pte_bytes": os.path.getsize(written[0]),
+        "ptd_bytes": os.path.getsize(written[1]) if len(written) > 1 else None,
+        "stage_peaks": {r.stage: r.peak_rss_bytes for r in result.report.stages},
+    }
+    if cell["check"]:
+        check = compiler.compare_with_eager(result, step, inputs)
+        out["check"] = {"passed": check.passed, "max_abs_error": check.max_abs_error,
+                        "tolerance": check.tolerance.absolute}
+    return out
+
+
+def _stock(cell: dict, step, inputs, shapes) -> dict:
+    import importlib
+
+    import torch
+
+    if cell["scheme"] == "float":
+        from executorch.exir import to_edge_transform_and_lower
+
+        from benchmarks.compile_time import stock_partitioner
+
+        step = step.to(torch.float32)  # what a stock user compiles for a float32 program
+        with torch.no_grad():
+            program = torch.export.export(step, inputs, dynamic_shapes=shapes)
+        manager = to_edge_transform_and_lower(program, partitioner=[stock_partitioner(cell["backend"])]).to_executorch()
+    else:
+        from executorch.export import ExportRecipe, export, recipe_registry
+
+        from compiler.stages import schemes
+
+        scheme = schemes.BY_NAME[cell["scheme"]]
+        name = scheme.recipe(cell["backend"], scheme.default_granularity(cell["backend"]))
+        if name is None:
+            return {"status": "no recipe", "error": f"ExecuTorch has no {cell['scheme']} recipe for {cell['backend']}"}
+        importlib.import_module(f"executorch.backends.{'apple.coreml' if cell['backend'] == 'coreml' else cell['backend']}.recipes")
+        (kind,) = (t for t in recipe_registry.get_supported_recipes(cell["backend"]) if t.value == name)
+        with torch.no_grad():
+            session = export(step, [inputs], export_recipe=ExportRecipe.get_recipe(kind, group_size=GROUP_SIZE))
+        manager = session.get_executorch_program_manager()
+    with open(cell["output"], "wb") as f:
+        manager.write_to_file(f)
+    return {"pte_bytes": os.path.getsize(cell["output"]), "ptd_bytes": None}
+
+
+def run_cell(cell: dict) -> dict:
+    """Load the folder and compile one way; what the parent cannot see from outside."""
+    _quiet()
+    import torch
+
+    from compiler.models.checkpoint import load_checkpoint
+
+    start = time.perf_counter()
+    step, inputs, shapes = load_checkpoint(cell["folder"], "text-generation", max_cache_len=CACHE)
+    loaded = {"load_s": time.perf_counter() - start, "rss_after_load": _resident()}
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            done = (_ours if cell["way"] == "ours" else _stock)(cell, step, inputs, shapes)
+    except Exception as exc:
+        done = {"status": "fails", "error": _first_line(exc)}
+    return loaded | {"status": "ok", "compile_s": time.perf_counter() - start} | done
+
+
+# --- the parent ---------------------------------------------------------------------------
+
+
+def measure(cell: dict, timeout: float) -> dict:
+    """Run one cell in a child process; its peak resident set and wall time from the kernel."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.scale", "--run-cell", json.dumps(cell)],
+            stdout=out, stderr=subprocess.DEVNULL, cwd=os.path.dirname(HERE),
+        )
+        deadline = start + timeout
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                child.kill()
+                pid, status, usage = os.wait4(child.pid, 0)
+                break
+            time.sleep(0.5)
+        out.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("{")]
+    row = json.loads(lines[-1]) if lines else {}
+    row |= {"peak_rss": usage.ru_maxrss * 1024, "wall_s": time.perf_counter() - start}
+    if os.WIFSIGNALED(status):
+        reason = "timed out" if time.perf_counter() > deadline else "killed"
+        row |= {"status": reason, "error": f"{reason} at {row['peak_rss'] / GB:.1f} GB (signal {os.WTERMSIG(status)})"}
+    elif not lines:
+        row |= {"status": "fails", "error": f"exited {os.WEXITSTATUS(status)} without a result"}
+    return row
+
+
+def held_weights(size: str, scheme: str) -> int:
+    """Bytes of the weights a program holds: float32 for a float program (what XNNPACK, Core ML's
+    default and MLX compute in from a bfloat16 checkpoint here), about 4.5 bits a weight for a
+    4-bit scheme's linears plus the float32 embedding."""
+    s = SIZES[size]
+    embedding = s["vocab"] * s["hidden"]
+    rest = parameters(size) - embedding
+    if scheme == "float":
+        return 4 * parameters(size)
+    return int(rest * (0.5 + 4 / GROUP_SIZE)) + 4 * embedding
+
+
+def render(results: dict) -> str:
+    header = ["size", "backend", "scheme", "way", "status", "peak GB", "over weights", "wall s", "ours/stock time",
+              ".pte MB", ".ptd MB", "check"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = results["rows"]
+    for row in rows:
+        weights = held_weights(row["size"], row["scheme"])
+        over = (row["peak_rss"] - FIXED_BYTES) / weights if row.get("peak_rss") else None
+        stock = next((r for r in rows if r["way"] == "stock" and all(r[k] == row[k] for k in ("size", "backend", "scheme"))), None)
+        ratio = row["wall_s"] / stock["wall_s"] if row["way"] == "ours" and stock and stock["status"] == "ok" else None
+        check = row.get("check")
+        cells = [
+            row["size"], row["backend"], row["scheme"], row["way"],
+            row["status"] if row["status"] == "ok" else f"{row['status']}: {row.get('error', '')}",
+            f"{row['peak_rss'] / GB:.2f}", f"{over:.2f}x" if over is not None else "-", f"{row['wall_s']:.0f}",
+            f"{ratio:.2f}" if ratio is not None else "-",
+            f"{row['pte_bytes'] / 1e6:.0f}" if row.get("pte_bytes") else "-",
+            f"{row['ptd_bytes'] / 1e6:.0f}" if row.get("ptd_bytes") else "-",
+            ("passed" if check["passed"] else "FAILED") + f" {check['max_abs_error']:.1e} ({check['tolerance']:.0e})"
+            if check else "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [
+        "",
+        f"Peak: the process's resident high-water mark, loading the folder included (`ru_maxrss`). Over weights: "
+        f"(peak - {FIXED_BYTES / GB:.1f} GB of libraries) / the bytes of the weights the program holds "
+        f"(target <= {TARGET_OVER_WEIGHTS}x for ours). Cells ran one at a time on {os.cpu_count()} cores.",
+    ]
+    return "\n".join(lines + notes) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["0.5b", "1b", "3b"], choices=list(SIZES))
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), metavar="BACKEND:SCHEME")
+    parser.add_argument("--ways", nargs="+", default=["ours", "stock"], choices=["ours", "stock"])
+    parser.add_argument("--check", action="store_true", help="check each of our programs against eager")
+    parser.add_argument("--external-weights", action="store_true", help="ours writes its weights to a .ptd")
+    parser.add_argument("--folders", default=DEFAULT_FOLDERS)
+    parser.add_argument("--timeout", type=float, default=3 * 3600)
+    parser.add_argument("--json", default=DEFAULT_JSON)
+    parser.add_argument("--markdown", default=DEFAULT_MARKDOWN)
+    parser.add_argument("--run-cell", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_cell:
+        print(json.dumps(run_cell(json.loads(args.run_cell))), flush=True)
+        return
+    rows = []
+    outputs = tempfile.mkdtemp(prefix="scale-")
+    for size in args.sizes:
+        folder = write_folder(size, args.folders)
+        for spec in args.cells:
+            backend, scheme = spec.split(":")
+            for way in args.ways:
+                cell = {"size": size, "backend": backend, "scheme": scheme, "way": way, "folder": folder,
+                        "output": os.path.join(outputs, f"{size}-{backend}-{scheme}-{way}.pte"),
+                        "check": args.check and way == "ours", "external": args.external_weights and way == "ours"}
+                row = {k: cell[k] for k in ("size", "backend", "scheme", "way")} | measure(cell, args.timeout)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                for name in os.listdir(outputs):
+                    os.remove(os.path.join(outputs, name))
+    results = {"rows": rows, "parameters": {size: parameters(size) for size in args.sizes}}
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+    with open(args.markdown, "w") as f:
+        f.write(render(results))
+    print(render(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The process's resident memory: what a stage holds and the peak it reached, and what the machine
+has left.
+
+Linux gives both the current resident set and its high-water mark (`/proc/self/status`); the
+high-water mark is never reset here, because a benchmark reading it (or its parent reading
+`RUSAGE_CHILDREN`) must see the whole process's peak. A stage's own peak is that mark when the
+stage raised it, else the highest of samples taken while the stage ran. Elsewhere only the
+process's peak is known (`getrusage`) and the rest reads None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import threading
+from typing import Iterator
+
+_STATUS = "/proc/self/status"
+_MEMINFO = "/proc/meminfo"
+# How often the sampler reads the resident set while a stage runs: an allocation of a
+# gigabyte takes longer than this to fill.
+SAMPLE_SECONDS = 0.01
+
+GB = 1e9
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open(_STATUS) as status:
+            for line in status:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def resident_bytes() -> int | None:
+    """The process's resident set now (None where the OS does not say)."""
+    return _status_bytes("VmRSS:")
+
+
+def peak_resident_bytes() -> int:
+    """The process's resident high-water mark since it started."""
+    peak = _status_bytes("VmHWM:")
+    if peak is not None:
+        return peak
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024  # bytes on macOS, KiB elsewhere
+
+
+def available_bytes() -> int | None:
+    """Memory the machine can still give without swapping (`MemAvailable`), None where unknown."""
+    try:
+        with open(_MEMINFO) as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def gigabytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / GB:.2f} GB"
+
+
+class PeakSampler:
+    """The peak resident set while a piece of work runs: the high-water mark when the work raised
+    it, else the highest sample taken by a background thread."""
+
+    def __init__(self, interval: float = SAMPLE_SECONDS) -> None:
+        self.interval = interval
+        self.peak: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._mark_before = 0
+
+    def start(self) -> None:
+        self._mark_before = peak_resident_bytes()
+        self.peak = resident_bytes()
+        if self.peak is None:
+            return  # nothing to sample here
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._sample, name="peak-sampler", daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = resident_bytes() or 0
+            if now > (self.peak or 0):
+                self.peak = now
+
+    def stop(self) -> int | None:
+        """The peak since `start` (None where the OS gives no resident set)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        now = resident_bytes()
+        if now is None:
+            return None
+        mark = peak_resident_bytes()
+        sampled = max(self.peak or 0, now)
+        return mark if mark > self._mark_before else sampled
+
+
+@contextlib.contextmanager
+def peak_of() -> Iterator[PeakSampler]:
+    """`with peak_of() as sampler: ...`, then `sampler.peak` is the peak of the block."""
+    sampler = PeakSampler()
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        sampler.peak = sampler.stop()
+
+
+# Allocations of at least this many bytes are mapped on their own and go back to the system when
+# freed (glibc's `M_MMAP_THRESHOLD`).
+MMAP_THRESHOLD = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_threshold_set = False
+
+
+def freed_tensors_returned() -> None:
+    """Make large freed blocks go back to the system for the rest of the process (glibc only).
+
+    glibc raises its threshold for mapping a block on its own each time a mapped block is freed,
+    up to 32 MB; after that, tensors of a weight's size come from its heap, whose freed space it
+    keeps. Quantizing a layer makes and frees float temporaries of the weight's size: the process
+    kept 1.2x the weights of such garbage (a 100 MB stack quantized 8da4w: 150 MB held, 28 MB of it
+    the quantized weights). A fixed threshold keeps every large block mapped on its own."""
+    global _threshold_set
+    if _threshold_set or not sys.platform.startswith("linux"):
+        return
+    _threshold_set = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt to speak of)
+        pass

@@ -1,0 +1,91 @@
+"""A save_pretrained folder as MODEL: read in its own dtype, compiled by task, checked against eager."""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import compiler  # noqa: E402
+from compiler.cli.main import main  # noqa: E402
+from compiler.ir.errors import UserInputError  # noqa: E402
+from compiler.models.catalog import check_model_spec  # noqa: E402
+from compiler.models.checkpoint import load_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("checkpoints") / "llama"
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory):
+    from transformers import BertConfig, BertForMaskedLM
+
+    folder = tmp_path_factory.mktemp("checkpoints") / "bert"
+    config = BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        vocab_size=300, max_position_embeddings=64)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).eval().save_pretrained(folder)
+    return str(folder)
+
+
+def test_text_generation_reads_the_checkpoint_in_its_own_dtype(llama_folder):
+    step, inputs, shapes = load_checkpoint(llama_folder, "text-generation", max_cache_len=32)
+    dtypes = {p.dtype for p in step.parameters()}
+    assert dtypes == {torch.bfloat16}  # not cast to float32 on the way in
+    assert [tuple(t.shape) for t in inputs] == [(1, 1), (1,)] and shapes is None
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_cli_compiles_a_folder_by_task_and_checks_it(llama_folder, backend, tmp_path, capsys):
+    output = tmp_path / "llama.pte"
+    assert main(["compile", llama_folder, "--task", "text-generation", "--backend", backend, "--check",
+                 "--no-cache", "--external-weights", "-o", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and output.exists() and (tmp_path / "llama.ptd").exists()
+    assert main(["run", str(output), llama_folder, "--task", "text-generation"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_fill_mask_folder_compiles(bert_folder):
+    module, inputs, _ = load_checkpoint(bert_folder, "fill-mask")
+    result = compiler.compile(module, inputs, "xnnpack", cache=False)
+    check = compiler.compare_with_eager(result, module, inputs)
+    assert check.passed, check.describe()
+    assert result.run(*inputs)[0].shape == (1, 16, 300)
+
+
+def test_a_folder_needs_a_known_task(llama_folder, tmp_path):
+    with pytest.raises(UserInputError, match="needs a task"):
+        check_model_spec(llama_folder)
+    with pytest.raises(UserInputError, match="needs a task, not 'translation'"):
+        check_model_spec(f"{llama_folder}:translation")
+    check_model_spec(f"{llama_folder}:text-generation")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserInputError, match="holds no config.json"):
+        check_model_spec(f"{empty}:text-generation")
+
+
+def test_task_is_refused_for_a_model_that_is_not_a_folder(capsys):
+    assert main(["compile", "mlp", "--task", "fill-mask"]) == 2
+    assert "--task fill-mask is for a save_pretrained folder" in capsys.readouterr().err
+
+
+def test_a_folder_without_weights_says_so(llama_folder, tmp_path):
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text(open(os.path.join(llama_folder, "config.json")).read())
+    with pytest.raises(UserInputError, match="no weights"):
+        load_checkpoint(config_only, "fill-mask")

