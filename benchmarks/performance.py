@@ -165,6 +165,20 @@ def warm_lines(sweep: dict | None, stage_cache: dict | None) -> list[str]:
     ]
 
 
+def scale_lines(results: dict) -> list[str]:
+    """The real-size table: Llama-shaped checkpoints compiled from their folders, ours and stock."""
+    from benchmarks import scale
+
+    return [
+        "",
+        "Real size: Llama-shaped checkpoints (random weights, bfloat16 `save_pretrained` folders) compiled from the "
+        "folder, each cell a process of its own, ours and stock's one after the other (`python -m benchmarks.scale`; "
+        "`benchmarks/results/scale.json`).",
+        "",
+        scale.render(results).strip(),
+    ]
+
+
 def render() -> str:
     lines: list[str] = []
     compile_time = _load("compile_time.json")
@@ -188,6 +202,9 @@ def render() -> str:
     if policies:
         lines += runtime_lines(policies, "the LeRobot policies, tiny with random weights (`benchmarks/results/runtime_policies.json`)")
     lines += warm_lines(_load("sweep.json"), _load("stage_cache.json"))
+    scale = _load("scale.json")
+    if scale:
+        lines += scale_lines(scale)
     return "\n".join(lines).strip() + "\n"
 
 

@@ -293,6 +293,13 @@ def compile(
             from compiler.stages.quantize import check_calibration
 
             check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
+            if driving.memory_check:
+                from compiler.process.memory import compile_bytes, refuse_unless_it_fits
+
+                refuse_unless_it_fits(
+                    compile_bytes(model), "compiling this model", stage="capture",
+                    hint="a quantize scheme holds 4- or 8-bit weights instead of float ones",
+                )
 
         backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)
         instruments = instruments_for(driving)

@@ -84,3 +84,31 @@ def test_a_quantized_xnnpack_compile_holds_no_quantization_garbage():
     added = (measured["peak"] - measured["before"]) / measured["weights"]
     assert added <= 0.8, f"the compile added {added:.2f}x the float weights ({measured})"
     assert measured["error"] < 0.5
+
+
+def test_a_compile_the_machine_cannot_hold_is_refused_before_it_starts(monkeypatch):
+    import torch
+
+    import compiler
+    from compiler.ir.errors import InsufficientMemory
+    from compiler.process import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)  # a machine with 1 kB to spare
+    model = torch.nn.Linear(64, 64).eval()
+    with pytest.raises(InsufficientMemory, match="needs about .* more memory; this machine has") as error:
+        compiler.compile(model, (torch.randn(1, 64),), "xnnpack", cache=False)
+    assert error.value.stage == "capture" and "quantize" in error.value.hint
+    result = compiler.compile(model, (torch.randn(1, 64),), "xnnpack", cache=False, memory_check=False)
+    assert result.stopped_after == "emit"
+
+
+def test_a_checkpoint_too_large_to_read_is_refused_before_it_is_read(monkeypatch, tmp_path):
+    from compiler.ir.errors import InsufficientMemory
+    from compiler.models.checkpoint import load_checkpoint
+    from compiler.process import memory
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    with pytest.raises(InsufficientMemory, match="reading the checkpoint"):
+        load_checkpoint(tmp_path, "text-generation")

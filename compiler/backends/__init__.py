@@ -52,13 +52,18 @@ INTERMEDIATE_VALUES: dict[str, str] = {
 }
 
 
-def intermediate_values(delegate_id: str):
-    """The function that reads this delegate's intermediate values inside a payload, or None."""
-    where = INTERMEDIATE_VALUES.get(delegate_id)
+def _function(table: Mapping[str, str], delegate_id: str):
+    """The function a "module:function" entry of `table` names for this delegate, or None."""
+    where = table.get(delegate_id)
     if where is None:
         return None
     module_name, function_name = where.split(":")
     return getattr(importlib.import_module(module_name), function_name, None)
+
+
+def intermediate_values(delegate_id: str):
+    """The function that reads this delegate's intermediate values inside a payload, or None."""
+    return _function(INTERMEDIATE_VALUES, delegate_id)
 
 
 # Delegate id -> "module:function" giving the keys of the named data a payload reads:
@@ -72,11 +77,7 @@ NAMED_DATA_KEYS: dict[str, str] = {
 
 def named_data_keys(delegate_id: str):
     """The function that lists the named data keys a payload of this delegate reads, or None."""
-    where = NAMED_DATA_KEYS.get(delegate_id)
-    if where is None:
-        return None
-    module_name, function_name = where.split(":")
-    return getattr(importlib.import_module(module_name), function_name)
+    return _function(NAMED_DATA_KEYS, delegate_id)
 
 
 def available() -> tuple[str, ...]:

@@ -137,6 +137,10 @@ class DriverOptions:
         "the CLI uses the cache folder $XDG_CACHE_HOME/staged-compiler/reproducers, else ~/.cache/..., where each "
         "failure gets its own folder and the newest 20 are kept)", kind=str, metavar="DIR", takes=PATH,
     )
+    memory_check: bool = option(
+        True, "refuse, before it starts, a compile the machine has not the memory for (an estimate from the model's "
+        "weights against the memory available)"
+    )
     dependency_checks: bool = option(
         False, "also run the checks ExecuTorch's to_backend and coremltools repeat after every step "
         "(slow; for debugging a dependency)"

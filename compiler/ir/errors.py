@@ -90,3 +90,7 @@ class ResumeError(CompileError):
 
 class UnsupportedByRuntime(CompileError):
     """The program cannot be run on this machine (e.g. a Core ML delegate)."""
+
+
+class InsufficientMemory(CompileError):
+    """The machine has not the memory the work needs: refused before it starts, not killed midway."""

@@ -15,6 +15,7 @@ import torch
 
 from compiler.ir.errors import UserInputError
 from compiler.models.catalog import TASKS
+from compiler.process.memory import refuse_unless_it_fits
 
 # Tokens in an encoder's example input, and the cache a text-generation step holds by default.
 ENCODER_TOKENS = 16
@@ -133,10 +134,11 @@ def load_checkpoint(
     if task is None:
         raise UserInputError(
             f"the checkpoint {folder!r} needs a task: what to compile of it",
-            hint=f"give --task (task=...): one of {', '.join(TASKS)}",
+            hint=f"give its task: one of {', '.join(TASKS)}",
         )
     if task not in _LOADERS:
         raise UserInputError(f"unknown task {task!r}", hint=f"give one of {', '.join(TASKS)}")
     _transformers()
+    refuse_unless_it_fits(weight_bytes(folder), f"reading the checkpoint {folder!r}")
     with torch.no_grad():
         return _LOADERS[task](folder, max_cache_len)

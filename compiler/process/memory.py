@@ -14,7 +14,9 @@ import contextlib
 import resource
 import sys
 import threading
-from typing import Iterator
+from typing import Iterable, Iterator
+
+from compiler.ir.errors import InsufficientMemory
 
 _STATUS = "/proc/self/status"
 _MEMINFO = "/proc/meminfo"
@@ -143,3 +145,42 @@ def freed_tensors_returned() -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     except (OSError, AttributeError):  # not glibc (musl has no mallopt to speak of)
         pass
+
+
+def tensor_bytes(tensors: Iterable) -> tuple[int, int]:
+    """(all bytes, the half-precision ones') of distinct tensors (a tied weight counted once)."""
+    import torch
+
+    seen: set[int] = set()
+    total = half = 0
+    for tensor in tensors:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        size = tensor.numel() * tensor.element_size()
+        total += size
+        if tensor.dtype in (torch.bfloat16, torch.float16):
+            half += size
+    return total, half
+
+
+def compile_bytes(module) -> int:
+    """What compiling `module` may add to the process: its half-precision weights stored again in
+    float32 for a backend that computes in it (twice their bytes), and half the weights for what the
+    stages make besides (measured: a quarter on XNNPACK, the quantized weights for a quantized one)."""
+    total, half = tensor_bytes([*module.parameters(), *module.buffers()])
+    return 2 * half + total // 2
+
+
+def refuse_unless_it_fits(needed: int, doing: str, stage: str | None = None, hint: str = "") -> None:
+    """A named error, before the work starts, when the machine has less memory available than
+    `needed` (nothing is refused where the OS does not say what it has)."""
+    available = available_bytes()
+    if available is None or needed <= available:
+        return
+    raise InsufficientMemory(
+        f"{doing} needs about {gigabytes(needed)} more memory; this machine has {gigabytes(available)} available",
+        stage=stage,
+        hint=(hint + "; " if hint else "") + "close other programs, or compile on a machine with more memory "
+        "(the driver option memory_check turned off tries anyway)",
+    )

@@ -111,6 +111,7 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     # emit
     "initialized_state": lambda n: f"kept the initial value of {_count(n, 'CPU buffer')}",
     "pte_bytes": lambda n: f".pte of {_kib(n)}",
+    "ptd_bytes": lambda n: f"weights in a .ptd of {_kib(n)}",
 }
 
 
