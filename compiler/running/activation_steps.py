@@ -9,8 +9,11 @@ that on the check's own inputs, through the model's own ops; a check adds it to 
 
 The quantizers are found as they run: PT2E's `quantized_decomposed.quantize_per_tensor` /
 `quantize_per_token` ops (static scales are their constants; dynamic ones come from
-`choose_qparams` at run time), and TorchAO's weights that quantize their GEMM's input per
-token (`activation_quantization`), whose scale is `choose_qparams_affine`'s for that input.
+`choose_qparams` at run time), TorchAO's weights that quantize their GEMM's input per
+token (`activation_quantization`), whose scale is `choose_qparams_affine`'s for that input, and
+TorchAO's `quantize_affine` ops in an exported graph (the reference of a quantized bfloat16 model
+computing in float32 is its precision stage's program, where TorchAO's weights are ops). TorchAO's
+op is seen as a call (a torch function mode): it runs as aten ops below.
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ def _pt2e_quantize_ops() -> frozenset:
         if hasattr(namespace, packet) and overload in getattr(namespace, packet).overloads():
             ops.add(getattr(getattr(namespace, packet), overload))
     return frozenset(ops)
+
+
+def _torchao_quantize_op() -> Any:
+    """TorchAO's `quantize_affine` op, None when TorchAO has not registered it."""
+    packet = getattr(torch.ops.torchao, "quantize_affine", None) if hasattr(torch.ops, "torchao") else None
+    return packet.default if packet is not None and "default" in packet.overloads() else None
 
 
 @attrs.frozen
@@ -93,6 +102,8 @@ class _TorchAOMoves(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func is _torchao_quantize_op():
+            return self._moved_quantize(out, *args, **kwargs)
         weight = args[1] if len(args) > 1 else kwargs.get("weight")
         if func not in (torch.nn.functional.linear, torch.nn.functional.conv2d):
             return out
@@ -102,6 +113,13 @@ class _TorchAOMoves(TorchFunctionMode):
         self.moves.note(step)
         moved = self.moves.signs(args[0]).to(args[0].dtype) * step
         return out + func(moved, weight.dequantize(), None, *args[3:])
+
+    def _moved_quantize(self, out, input, block_size, scale, zero_point, output_dtype, quant_min=None, quant_max=None):
+        """`quantize_affine`'s integer result, one step up or down (within its range)."""
+        limits = torch.iinfo(out.dtype)
+        self.moves.note(scale)
+        low, high = (limits.min if quant_min is None else quant_min), (limits.max if quant_max is None else quant_max)
+        return (out.to(torch.int32) + self.moves.signs(out)).clamp(low, high).to(out.dtype)
 
 
 def _per_token_step(activation: torch.Tensor, kind: Any) -> torch.Tensor:
@@ -130,7 +148,9 @@ def quantizes_activations(module: Any) -> bool:
     TorchAO weight that quantizes its GEMM's input."""
     ops = _pt2e_quantize_ops()
     for sub in module.modules() if isinstance(module, torch.nn.Module) else ():
-        if isinstance(sub, torch.fx.GraphModule) and any(node.target in ops for node in sub.graph.nodes):
+        if isinstance(sub, torch.fx.GraphModule) and any(
+            node.target in ops or node.target is _torchao_quantize_op() for node in sub.graph.nodes
+        ):
             return True
         if getattr(getattr(sub, "weight", None), "activation_quantization", None) is not None:
             return True
