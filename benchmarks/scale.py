@@ -131,6 +131,7 @@ def _ours(cell: dict, step, inputs, shapes) -> dict:
         "pte_bytes": os.path.getsize(written[0]),
         "ptd_bytes": os.path.getsize(written[1]) if len(written) > 1 else None,
         "stage_peaks": {r.stage: r.peak_rss_bytes for r in result.report.stages},
+        "stage_seconds": {r.stage: r.seconds + r.verify_seconds for r in result.report.stages},
     }
     if cell["check"]:
         check = compiler.compare_with_eager(result, step, inputs)
@@ -301,6 +302,15 @@ def render(results: dict) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
+def _cell_key(row: dict) -> tuple:
+    return row["size"], row["backend"], row["scheme"], row["way"]
+
+
+def _order(row: dict) -> tuple:
+    cell = f"{row['backend']}:{row['scheme']}"
+    return (CELLS.index(cell) if cell in CELLS else len(CELLS), row["way"] != "ours")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["0.5b", "1b", "3b"], choices=list(SIZES))
@@ -312,6 +322,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3 * 3600)
     parser.add_argument("--json", default=DEFAULT_JSON)
     parser.add_argument("--markdown", default=DEFAULT_MARKDOWN)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of --json that this run does not measure again (a cell re-run alone)")
     parser.add_argument("--run-cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_cell:
@@ -332,7 +344,14 @@ def main() -> None:
                 rows.append(row)
                 for name in os.listdir(outputs):
                     os.remove(os.path.join(outputs, name))
-    results = {"rows": rows, "parameters": {size: parameters(size) for size in args.sizes}}
+    if args.merge and os.path.exists(args.json):
+        with open(args.json) as f:
+            kept = json.load(f)["rows"]
+        measured = {_cell_key(row) for row in rows}
+        rows = [row for row in kept if _cell_key(row) not in measured] + rows
+        rows.sort(key=lambda row: (list(SIZES).index(row["size"]), _order(row)))
+    sizes = sorted({row["size"] for row in rows}, key=list(SIZES).index)
+    results = {"rows": rows, "parameters": {size: parameters(size) for size in sizes}}
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)
     with open(args.markdown, "w") as f:

@@ -21,6 +21,7 @@ from compiler import backends
 from compiler.driver.config import CompileConfig, dependency_versions, split_options
 from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.errors import ResumeError, UserInputError
+from compiler.ir.targets import BY_NAME
 
 if TYPE_CHECKING:
     from compiler.backends.base import Backend
@@ -293,12 +294,17 @@ def compile(
             from compiler.stages.quantize import check_calibration
 
             check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
-            if driving.memory_check:
+            if driving.memory_check and chosen.backend in BY_NAME:
                 from compiler.process.memory import compile_bytes, refuse_unless_it_fits
 
+                target = BY_NAME[chosen.backend]
                 refuse_unless_it_fits(
-                    compile_bytes(model), "compiling this model", stage="capture",
-                    hint="a quantize scheme holds 4- or 8-bit weights instead of float ones",
+                    compile_bytes(model, target.no_bfloat16 is not None, target.lowering_memory),
+                    f"compiling this model for {target.display_name}", stage="capture",
+                    hint="quantize the model (a scheme holds 4- or 8-bit weights)" + (
+                        f"; lowering to {target.display_name} holds {target.lowering_memory:g}x the float32 weights "
+                        "even so" if target.lowering_memory > 1 else ""
+                    ),
                 )
 
         backend_obj = backend_obj or backends.resolve(chosen.backend, chosen.backend_options)

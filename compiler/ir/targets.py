@@ -30,6 +30,9 @@ class Target:
     # The floating precision its delegate computes in when its compile specs leave it out
     # (None: each node's own dtype).
     default_compute_precision: str | None = None
+    # What lowering to it holds at its peak besides the program, per byte of the model's weights in
+    # float32 (measured on a 0.5B Llama, `benchmarks/scale.py`): the memory check's estimate.
+    lowering_memory: float = 0.5
 
 
 TARGETS: tuple[Target, ...] = (
@@ -45,6 +48,9 @@ TARGETS: tuple[Target, ...] = (
         no_bfloat16="Core ML takes no bfloat16 (it computes a float32 program in its compute precision, "
         "float16 by default)",
         default_compute_precision="float16",
+        # coremltools' conversion: 2.7x float32 weights for float, 3.1x for 4w (it holds them as numpy
+        # arrays, then their float16 or palettized forms, the .mlpackage and the flattened payload).
+        lowering_memory=3.0,
     ),
     Target(
         "mlx", "MLX", "compiler.backends.mlx", "MLXBackend", "MLXBackend",
