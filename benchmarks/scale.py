@@ -271,7 +271,7 @@ def render(results: dict) -> str:
         weights = (row.get("pte_bytes") or 0) + (row.get("ptd_bytes") or 0) or held_weights(row["size"], row["scheme"])
         fixed = row.get("rss_libraries", FIXED_BYTES)
         peak = row.get("compile_peak_rss") or row.get("peak_rss")
-        over = (peak - fixed) / weights if peak else None
+        over = (peak - fixed) / weights if peak and row["status"] == "ok" else None
         stock = next((r for r in rows if r["way"] == "stock" and all(r[k] == row[k] for k in ("size", "backend", "scheme"))), None)
         ratio = (row["compile_s"] / stock["compile_s"] if row["way"] == "ours" and row["status"] == "ok" and stock
                  and stock["status"] == "ok" else None)

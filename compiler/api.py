@@ -294,9 +294,10 @@ def compile(
             from compiler.stages.quantize import check_calibration
 
             check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
-            if driving.memory_check and chosen.backend in BY_NAME:
-                from compiler.process.memory import compile_bytes, refuse_unless_it_fits
+            from compiler.process.memory import compile_bytes, freed_tensors_returned, refuse_unless_it_fits, tensor_bytes
 
+            freed_tensors_returned(tensor_bytes([*artifact.module.parameters(), *artifact.module.buffers()])[0])
+            if driving.memory_check and chosen.backend in BY_NAME:
                 target = BY_NAME[chosen.backend]
                 refuse_unless_it_fits(
                     compile_bytes(model, target.no_bfloat16 is not None, target.lowering_memory),

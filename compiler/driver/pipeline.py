@@ -19,7 +19,6 @@ import attrs
 from compiler.backends.base import Backend
 from compiler.driver.cache import CacheRun, StageCache
 from compiler.process.collector import scans_only_new_objects
-from compiler.process.memory import freed_tensors_returned
 from compiler.driver.config import CompileConfig
 from compiler.driver.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
@@ -90,7 +89,6 @@ class Pipeline:
 
         for stage in self.stages[start : stop + 1]:
             stage.check_options(config.options_for(stage.name))
-        freed_tensors_returned()
         with scans_only_new_objects():
             for instrument in instruments:
                 instrument.before_pipeline(config, self.names, artifact)

@@ -126,8 +126,14 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 _threshold_set = False
 
 
-def freed_tensors_returned() -> None:
-    """Make large freed blocks go back to the system for the rest of the process (glibc only).
+# A compile of a model with at least this many bytes of weights makes large freed blocks go back to
+# the system; a small one keeps glibc's default (reusing freed blocks saves a small compile's page faults).
+RETURNED_FROM_BYTES = 64 << 20
+
+
+def freed_tensors_returned(weight_bytes: int) -> None:
+    """Make large freed blocks go back to the system for the rest of the process (glibc only), once
+    a compile of `weight_bytes` of weights starts (at least `RETURNED_FROM_BYTES`).
 
     glibc raises its threshold for mapping a block on its own each time a mapped block is freed,
     up to 32 MB; after that, tensors of a weight's size come from its heap, whose freed space it
@@ -135,7 +141,7 @@ def freed_tensors_returned() -> None:
     kept 1.2x the weights of such garbage (a 100 MB stack quantized 8da4w: 150 MB held, 28 MB of it
     the quantized weights). A fixed threshold keeps every large block mapped on its own."""
     global _threshold_set
-    if _threshold_set or not sys.platform.startswith("linux"):
+    if _threshold_set or weight_bytes < RETURNED_FROM_BYTES or not sys.platform.startswith("linux"):
         return
     _threshold_set = True
     try:

@@ -47,7 +47,7 @@ def test_text_generation_reads_the_checkpoint_in_its_own_dtype(llama_folder):
     assert [tuple(t.shape) for t in inputs] == [(1, 1), (1,)] and shapes is None
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+@pytest.mark.parametrize("backend", [pytest.param("portable", marks=pytest.mark.slow), "xnnpack"])
 def test_cli_compiles_a_folder_by_task_and_checks_it(llama_folder, backend, tmp_path, capsys):
     output = tmp_path / "llama.pte"
     assert main(["compile", llama_folder, "--task", "text-generation", "--backend", backend, "--check",
