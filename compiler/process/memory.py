@@ -20,9 +20,9 @@ from compiler.ir.errors import InsufficientMemory
 
 _STATUS = "/proc/self/status"
 _MEMINFO = "/proc/meminfo"
-# How often the sampler reads the resident set while a stage runs: an allocation of a
-# gigabyte takes longer than this to fill.
-SAMPLE_SECONDS = 0.01
+# How often the sampler reads the resident set while a stage runs: a stage that raises the process's
+# high-water mark gets that mark exactly; a lower peak is sampled (a gigabyte takes longer than this to fill).
+SAMPLE_SECONDS = 0.05
 
 GB = 1e9
 

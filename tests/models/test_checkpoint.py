@@ -58,6 +58,7 @@ def test_cli_compiles_a_folder_by_task_and_checks_it(llama_folder, backend, tmp_
     assert "OK" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_fill_mask_folder_compiles(bert_folder):
     module, inputs, _ = load_checkpoint(bert_folder, "fill-mask")
     result = compiler.compile(module, inputs, "xnnpack", cache=False)

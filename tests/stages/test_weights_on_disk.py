@@ -43,7 +43,9 @@ def everything_spilled(monkeypatch):
     monkeypatch.setattr(lower, "SPILL_BLOB_BYTES", 0)
 
 
-@pytest.mark.parametrize("backend", ["portable", "xnnpack", "mlx", "coreml"])
+@pytest.mark.parametrize(
+    "backend", ["portable", "xnnpack", pytest.param("mlx", marks=pytest.mark.slow), pytest.param("coreml", marks=pytest.mark.slow)]
+)
 def test_a_spilled_program_is_the_same_bytes_and_runs_the_same(backend, monkeypatch, tmp_path):
     model, inputs = _model()
     in_memory = compiler.compile(model, inputs, backend, cache=False)
