@@ -4,7 +4,8 @@ Each measurement runs in a child process of its own: a warm-up compile of a tiny
 (the libraries' own first-use memory is not the weights'), then the high-water mark is reset
 (`/proc/self/clear_refs`) and one compile of a model of `WEIGHTS_MB` of weights runs. Before the
 weights were written out as they were serialised, XNNPACK's payload and the joined `.pte` each
-held a copy: the peak was 2.1x the weights over the RSS before the compile.
+held a copy: the peak was 2.1x the weights over the RSS before the compile. Each compile takes
+a child process of its own (about 10 s): they run with `-m slow`.
 """
 
 import json
@@ -64,6 +65,7 @@ def _check(measured: dict, tolerance: float) -> None:
     assert measured["error"] < tolerance
 
 
+@pytest.mark.slow
 def test_an_xnnpack_compile_adds_under_half_the_weights():
     _check(_measure("xnnpack"), 1e-3)
 
