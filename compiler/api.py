@@ -296,11 +296,12 @@ def compile(
             check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
             from compiler.process.memory import compile_bytes, freed_tensors_returned, refuse_unless_it_fits, tensor_bytes
 
-            freed_tensors_returned(tensor_bytes([*artifact.module.parameters(), *artifact.module.buffers()])[0])
+            total, half = tensor_bytes([*artifact.module.parameters(), *artifact.module.buffers()])
+            freed_tensors_returned(total)
             if driving.memory_check and chosen.backend in BY_NAME:
                 target = BY_NAME[chosen.backend]
                 refuse_unless_it_fits(
-                    compile_bytes(model, target.no_bfloat16 is not None, target.lowering_memory),
+                    compile_bytes(total, half, target.no_bfloat16 is not None, target.lowering_memory),
                     f"compiling this model for {target.display_name}", stage="capture",
                     hint="quantize the model (a scheme holds 4- or 8-bit weights)" + (
                         f"; lowering to {target.display_name} holds {target.lowering_memory:g}x the float32 weights "

@@ -170,12 +170,12 @@ def tensor_bytes(tensors: Iterable) -> tuple[int, int]:
     return total, half
 
 
-def compile_bytes(module, widens_half: bool, lowering: float) -> int:
-    """What compiling `module` may add to the process: its half-precision weights stored again in
+def compile_bytes(total: int, half: int, widens_half: bool, lowering: float) -> int:
+    """What compiling a model of `total` bytes of weights (`half` of them half-precision, as
+    `tensor_bytes` counts them) may add to the process: its half-precision weights stored again in
     float32 for a backend that computes in it (`widens_half`: twice their bytes), and what the
     backend's lowering holds, `lowering` times the weights in float32. A quantize scheme is not
     counted as saving: Core ML's conversion of a 4-bit model holds as much as a float one's."""
-    total, half = tensor_bytes([*module.parameters(), *module.buffers()])
     float32 = total + half
     return int((2 * half if widens_half else 0) + lowering * float32)
 
