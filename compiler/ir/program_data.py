@@ -62,6 +62,10 @@ class ProgramData:
             raise
         return cls(path=path)
 
+    def small_in_memory(self) -> "ProgramData":
+        """These bytes read into memory when fewer than `SPILL_PROGRAM_BYTES` (their file goes), else self."""
+        return ProgramData(self.read()) if self._path is not None and self._size < SPILL_PROGRAM_BYTES else self
+
     @property
     def path(self) -> str | None:
         """The file holding the bytes, None for bytes in memory."""

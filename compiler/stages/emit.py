@@ -25,7 +25,7 @@ from compiler.ir.private_api import (
     delegate_outputs_from_call_sites,
     deserialize_pte,
 )
-from compiler.ir.program_data import SPILL_BLOB_BYTES, SPILL_PROGRAM_BYTES, ProgramData, spill_directory
+from compiler.ir.program_data import SPILL_BLOB_BYTES, ProgramData, spill_directory
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
 from compiler.stages.shared import METHOD
@@ -153,8 +153,7 @@ def _weights_file(emitted) -> ProgramData | None:
         os.replace(made, path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    weights = ProgramData(path=path)
-    return weights if len(weights) >= SPILL_PROGRAM_BYTES else ProgramData(weights.read())
+    return ProgramData(path=path).small_in_memory()
 
 
 def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, metrics: dict[str, Any]) -> ExecutorchProgram:
@@ -198,9 +197,7 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     plans = [plan for plan in emitted.executorch_program.execution_plan if plan.name in programs]
     # Written as it is serialised, piece by piece (joining the pieces would hold every weight again);
     # a small program is then read back into memory.
-    pte = ProgramData.written(emitted.write_to_file)
-    if len(pte) < SPILL_PROGRAM_BYTES:
-        pte = ProgramData(pte.read())
+    pte = ProgramData.written(emitted.write_to_file).small_in_memory()
     weights = _weights_file(emitted) if options.external_weights else None
     del emitted, manager  # its pieces of the .pte are in `pte` now
     metrics["pte_bytes"] = len(pte)

@@ -13,6 +13,7 @@ import torch
 import compiler
 from compiler.cli.main import main
 from compiler.ir.errors import UserInputError
+from compiler.ir import program_data
 from compiler.ir.program_data import ProgramData
 from compiler.stages import emit, lower
 
@@ -39,7 +40,7 @@ WEIGHT_BYTES = (64 * 96 + 96 + 96 * 8 + 8) * 4
 @pytest.fixture
 def everything_spilled(monkeypatch):
     monkeypatch.setattr(emit, "SPILL_BLOB_BYTES", 0)
-    monkeypatch.setattr(emit, "SPILL_PROGRAM_BYTES", 0)
+    monkeypatch.setattr(program_data, "SPILL_PROGRAM_BYTES", 0)
     monkeypatch.setattr(lower, "SPILL_BLOB_BYTES", 0)
 
 
@@ -51,7 +52,7 @@ def test_a_spilled_program_is_the_same_bytes_and_runs_the_same(backend, monkeypa
     in_memory = compiler.compile(model, inputs, backend, cache=False)
     assert in_memory.program.data.path is None
     monkeypatch.setattr(emit, "SPILL_BLOB_BYTES", 0)
-    monkeypatch.setattr(emit, "SPILL_PROGRAM_BYTES", 0)
+    monkeypatch.setattr(program_data, "SPILL_PROGRAM_BYTES", 0)
     monkeypatch.setattr(lower, "SPILL_BLOB_BYTES", 0)
     spilled = compiler.compile(model, inputs, backend, cache=False)
     assert spilled.program.data.path is not None and os.path.isfile(spilled.program.data.path)
