@@ -138,7 +138,7 @@ def load_checkpoint(
         )
     if task not in _LOADERS:
         raise UserInputError(f"unknown task {task!r}", hint=f"give one of {', '.join(TASKS)}")
-    _transformers()
     refuse_unless_it_fits(weight_bytes(folder), f"reading the checkpoint {folder!r}")
+    _transformers()
     with torch.no_grad():
         return _LOADERS[task](folder, max_cache_len)
