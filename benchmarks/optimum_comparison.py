@@ -63,12 +63,14 @@ def optimum_versions(python: str) -> dict:
     return json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout)
 
 
-def optimum_export(python: str, folder: str, flags: list[str], output: str) -> tuple[str, float]:
+def optimum_export(
+    python: str, folder: str, flags: list[str], output: str, max_seq_len: int = MAX_CACHE_LEN
+) -> tuple[str, float]:
     """The `.pte` optimum-cli writes for the folder's model, and the seconds it took."""
     cli = os.path.join(os.path.dirname(python), "optimum-cli")
     command = [
         cli, "export", "executorch", "--model", folder, "--task", "text-generation", "--recipe", "xnnpack",
-        "--max_seq_len", str(MAX_CACHE_LEN), "--output_dir", output, *flags,
+        "--max_seq_len", str(max_seq_len), "--output_dir", output, *flags,
     ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)

@@ -13,7 +13,9 @@ import compiler
 from compiler.driver import cache as stage_cache
 from compiler.driver.cache import ENTRY_SUFFIX, StageCache
 from compiler.cli.main import main
+from compiler.driver import weight_store
 from compiler.driver.config import STAGE_NAMES
+from compiler.ir.program_data import SPILL_PROGRAM_BYTES
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.placement import PlacementPlan
 from compiler.reporting.report import StageRecord
@@ -314,3 +316,84 @@ def test_a_fresh_process_emits_from_a_cached_core_ml_lowering(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert cached() == AFTER_CAPTURE[:-1]
+
+
+class _Wide(torch.nn.Module):
+    """Two 1 MB Linears (weights the store keeps apart from the entries) and a cumsum (on the CPU)."""
+
+    def __init__(self, width: int = 512):
+        super().__init__()
+        self.first = torch.nn.Linear(width, width)
+        self.second = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.cumsum(self.second(torch.relu(self.first(x))), dim=-1)
+
+
+def _store_bytes(folder) -> int:
+    store = folder / weight_store.FOLDER
+    return sum(os.path.getsize(store / name) for name in os.listdir(store))
+
+
+def _weight_bytes(model) -> int:
+    """The bytes of the weights large enough for the store (the biases stay in the entries)."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values() if weight_store.storable(t))
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_each_weight_is_stored_once_across_stages_and_runs(tmp_path, backend):
+    torch.manual_seed(0)
+    model, inputs = _Wide().eval(), (torch.randn(4, 512),)
+    weights = _weight_bytes(model)
+    cold = compiler.compile(model, inputs, backend, cache_dir=str(tmp_path))
+    entries = sum(os.path.getsize(tmp_path / name) for name in _entries(tmp_path))
+    stored = _store_bytes(tmp_path)
+    # Nine entries holding the weights each would be 9x; they hold references and the emitted program.
+    assert entries < weights + 2 * len(cold.pte), (entries, weights)
+    # XNNPACK's payload keeps the weights as named data: the same bytes as the tensors, or its own packing.
+    assert weights <= stored <= 2 * weights, (stored, weights)
+    warm = compiler.compile(model, inputs, backend, cache_dir=str(tmp_path))
+    assert _cached(warm) == AFTER_CAPTURE and warm.pte == cold.pte
+    assert _store_bytes(tmp_path) == stored  # the second run stored nothing new
+
+
+def _mapped_files() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {line.split()[-1] for line in maps if len(line.split()) >= 6}
+
+
+def test_a_hit_maps_its_weights_from_the_store_and_a_damaged_weight_is_rebuilt(tmp_path, caplog):
+    torch.manual_seed(0)
+    model, inputs = _Wide().eval(), (torch.randn(4, 512),)
+    cold = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path), stop_after="partition")
+    warm = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path), stop_after="partition")
+    assert _cached(warm)[-1] == "partition"
+    program = warm.artifact.program
+    store = str(tmp_path / weight_store.FOLDER)
+    first = program.state_dict["first.weight"]
+    assert torch.equal(first, model.first.weight) and isinstance(first, torch.nn.Parameter)
+    assert any(path.startswith(store) for path in _mapped_files())  # mapped, not read
+    assert all(torch.equal(program.state_dict[k], v) for k, v in cold.artifact.program.state_dict.items())
+    for name in os.listdir(store):  # every weight truncated: a wrong number must never be loaded
+        os.chmod(os.path.join(store, name), 0o644)
+        with open(os.path.join(store, name), "r+b") as f:
+            f.truncate(1000)
+    with caplog.at_level(logging.WARNING, logger="compiler.driver.cache"):
+        rebuilt = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))
+    assert any("holds 1000 bytes" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert rebuilt.pte == compiler.compile(model, inputs, "portable").pte
+
+
+def test_a_large_program_is_stored_once_and_saved_as_a_copy(tmp_path):
+    """A program of SPILL_PROGRAM_BYTES or more is a file in the store; saving a hit must copy it
+    (a link would let a user's later write to the saved file change the cache)."""
+    torch.manual_seed(0)
+    model, inputs = _Wide(1536).eval(), (torch.randn(4, 1536),)
+    cold = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))
+    assert len(cold.program.data) >= SPILL_PROGRAM_BYTES
+    warm = compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path))
+    assert _cached(warm) == AFTER_CAPTURE
+    assert warm.program.data.path.startswith(str(tmp_path / weight_store.FOLDER))
+    (saved,) = warm.save(tmp_path / "model.pte")
+    assert os.stat(saved).st_ino != os.stat(warm.program.data.path).st_ino
+    assert open(saved, "rb").read() == cold.pte

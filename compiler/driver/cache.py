@@ -11,13 +11,15 @@ too, with the numbers and the time their entries recorded.
 
 An entry is one file, `<key>.entry`: a stage file (`compiler.driver.stage_files`) for the
 resumable artifacts, a zip of the `.pte` and its fields for emit's program; both hold a
-JSON member with the stage's report row. A quick stage's output is not worth writing
+JSON member with the stage's report row. Large weights, payloads and programs are not in the
+entry: they are stored once by content in the folder's weight store (`weight_store`), which
+every entry and run shares, and a hit maps them from there. A quick stage's output is not worth writing
 (`STORE_AFTER_SECONDS`): its entry holds only the row, and a later compile reruns it
 from the last stored output before it. Writes go to a temporary file in the cache
 folder and are renamed into place, so processes may share one folder. An entry that
 does not load is logged, removed and rebuilt, never trusted. After each write the
 least recently used entries (a hit touches an entry's mtime) go until the folder is
-under its size limit.
+under its size limit (the weight store's files count, and go the same way).
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ from typing import Any, Callable, Mapping, Sequence
 import attrs
 
 from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
-from compiler.ir.program_data import ProgramData
+from compiler.driver.weight_store import WeightStore
+from compiler.ir.program_data import SPILL_PROGRAM_BYTES, ProgramData
 
 logger = logging.getLogger(__name__)
 
 # Bumped when the key recipe or the entry layout changes: older entries then never match.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 ENTRY_SUFFIX = ".entry"
 META = "cache_entry.json"
 _PTE = "program.pte"
@@ -179,6 +182,7 @@ class StageCache:
         self.directory = os.fspath(directory)
         self.max_bytes = int(max_bytes)
         self.read, self.write = read, write
+        self.weights = WeightStore(self.directory)
 
     @classmethod
     def for_run(cls, driving: DriverOptions) -> "StageCache | None":
@@ -280,19 +284,19 @@ class StageCache:
 
                 fields = meta["program"]
                 artifact = ExecutorchProgram(
-                    archive.read(_PTE),
+                    read_program(archive, _PTE, meta, self.weights),
                     tuple(fields["operators"]),
                     tuple(fields["delegates"]),
                     PlacementPlan.from_json(fields["plan"]),
                     fields["kernel_calls"],
                     fields["delegate_calls"],
-                    archive.read(_PTD) if _PTD in archive.namelist() else None,
+                    read_program(archive, _PTD, meta, self.weights),
                 )
                 return artifact, meta
         # Reading a member checks its CRC: a garbled weight is refused by the load.
         from compiler.driver.stage_files import load_stage_file
 
-        stage_file = load_stage_file(path)
+        stage_file = load_stage_file(path, self.weights)
         if type(stage_file.artifact).__name__ != meta["artifact"] or stage_file.stage != stage:
             raise ValueError(f"the entry holds {type(stage_file.artifact).__name__} of {stage_file.stage}")
         return stage_file.artifact, meta
@@ -356,12 +360,10 @@ class StageCache:
                     "kernel_calls": artifact.kernel_calls,
                     "delegate_calls": artifact.delegate_calls,
                 }
-                members = {META: json.dumps(meta, default=repr), _PTE: artifact.data}
-                if artifact.weights is not None:
-                    members[_PTD] = artifact.weights
-                write_zip(temp, members)
+                write_zip(temp, program_members(meta, {_PTE: artifact.data, _PTD: artifact.weights}, self.weights))
             else:
-                save_stage_file(temp, artifact, stage, config, extra={META: json.dumps(meta, default=repr)})
+                save_stage_file(temp, artifact, stage, config, extra={META: json.dumps(meta, default=repr)},
+                                weights=self.weights)
 
         return self.write_entry(key, f"{stage}'s output", write)
 
@@ -403,21 +405,22 @@ class StageCache:
         (and temporary files a dead writer left)."""
         entries = []
         now = time.time()
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return
-        for name in names:
-            path = os.path.join(self.directory, name)
+        for folder in (self.directory, self.weights.directory):
             try:
-                info = os.stat(path)
+                names = os.listdir(folder)
             except OSError:
                 continue
-            if name.startswith(_TEMP_PREFIX):
-                if now - info.st_mtime > _STALE_TEMP_SECONDS:
-                    remove(path)
-            elif name.endswith(ENTRY_SUFFIX):
-                entries.append((info.st_mtime, info.st_size, path))
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    info = os.stat(path)
+                except OSError:
+                    continue
+                if name.startswith(_TEMP_PREFIX):
+                    if now - info.st_mtime > _STALE_TEMP_SECONDS:
+                        remove(path)
+                elif name.endswith(ENTRY_SUFFIX) or folder == self.weights.directory:
+                    entries.append((info.st_mtime, info.st_size, path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes:
@@ -475,6 +478,31 @@ def write_zip(path: str, members: Mapping[str, str | bytes | ProgramData]) -> No
                     data.write_to(member)
             else:
                 archive.writestr(name, data)
+
+
+def program_members(meta: dict, programs: Mapping[str, ProgramData | None], weights: WeightStore) -> dict:
+    """An entry's members for a `.pte` and its data file: a large one goes to the weight store and
+    `meta["stored"]` names it; a small one is a member. `meta` is the JSON member."""
+    members: dict = {}
+    meta["stored"] = {}
+    for name, data in programs.items():
+        if data is None:
+            continue
+        if len(data) >= SPILL_PROGRAM_BYTES:
+            meta["stored"][name] = [weights.put_bytes(data), len(data)]
+        else:
+            members[name] = data
+    return {META: json.dumps(meta, default=repr), **members}
+
+
+def read_program(archive: zipfile.ZipFile, name: str, meta: dict, weights: WeightStore) -> ProgramData | None:
+    """A `.pte` or data file `program_members` stored: a stored one is its file in the store, mapped
+    when it runs (never read here); a member is read, which checks its CRC."""
+    stored = meta.get("stored", {})
+    if name in stored:
+        digest, size = stored[name]
+        return ProgramData(path=weights.checked_path(digest, size), owned=False)
+    return ProgramData(archive.read(name)) if name in archive.namelist() else None
 
 
 def read_meta(archive: zipfile.ZipFile, stage: str, key: str) -> dict:

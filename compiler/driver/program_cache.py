@@ -203,8 +203,8 @@ class ProgramCache:
         try:
             with zipfile.ZipFile(path) as archive:
                 meta = stage_cache.read_meta(archive, PROGRAM, self.key)
-                pte = archive.read(_PTE)  # reading checks its CRC
-                weights = archive.read(_PTD) if _PTD in archive.namelist() else None
+                pte = stage_cache.read_program(archive, _PTE, meta, self.cache.weights)
+                weights = stage_cache.read_program(archive, _PTD, meta, self.cache.weights)
             report = _report(meta["report"], time.perf_counter() - start)
         except Exception as exc:
             logger.warning("program cache: ignoring the unreadable entry %s (%s: %s); compiling",
@@ -229,9 +229,7 @@ class ProgramCache:
             "report": {"stages": rows, "config": dict(report.config), "versions": dict(report.versions),
                        "plan": report.plan.to_json() if report.plan is not None else None},
         }
-        members = {stage_cache.META: json.dumps(meta, default=repr), _PTE: program.data}
-        if program.weights is not None:
-            members[_PTD] = program.weights
+        members = stage_cache.program_members(meta, {_PTE: program.data, _PTD: program.weights}, self.cache.weights)
         return self.cache.write_entry(self.key, "the program", lambda temp: stage_cache.write_zip(temp, members))
 
 

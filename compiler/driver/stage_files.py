@@ -31,6 +31,7 @@ from executorch.exir.verification.verifier import EXIREdgeDialectVerifier
 from executorch.exir.serde.serialize import save as save_program
 
 from compiler.driver.config import CompileConfig, dependency_versions
+from compiler.driver.weight_store import MIN_BYTES, WeightStore, storable
 from compiler.models import llm_ops
 from compiler.ir.artifacts import (
     AtenProgram,
@@ -45,7 +46,7 @@ from compiler.ir.dialect import op_from_name
 from compiler.ir.errors import ResumeError
 from compiler.ir.graph import DELEGATION_TAG
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.private_api import set_delegate_named_data, set_verifiers
+from compiler.ir.private_api import file_blob, set_delegate_named_data, set_verifiers
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,12 @@ def can_save(artifact: Any) -> bool:
 
 
 def save_stage_file(
-    path: str | os.PathLike, artifact: Any, stage: str, config: CompileConfig, extra: Mapping[str, str] | None = None
+    path: str | os.PathLike, artifact: Any, stage: str, config: CompileConfig, extra: Mapping[str, str] | None = None,
+    weights: WeightStore | None = None,
 ) -> None:
-    """`extra`: more JSON members by name (the stage cache's entry record); a load ignores them."""
+    """`extra`: more JSON members by name (the stage cache's entry record); a load ignores them.
+    `weights`: large weights go to this store and the file names them (the stage cache's entries);
+    without it the file holds every byte itself."""
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "artifact": type(artifact).__name__,
@@ -107,7 +111,16 @@ def save_stage_file(
         n.name for n in artifact.program.graph.nodes if getattr(n.meta.get("val"), "requires_grad", False)
     ]
     blobs: dict[str, Any] = {}
-    with _symbolic_floats_as_placeholder_ints(artifact.program), _delegate_blobs_aside(artifact.program, blobs):
+    with (
+        _symbolic_floats_as_placeholder_ints(artifact.program),
+        _weights_stored(artifact.program, weights, manifest),
+        _delegate_blobs_aside(artifact.program, blobs),
+    ):
+        if weights is not None:  # payloads and named data to the store too
+            manifest["stored_blobs"] = {}
+            for name in [name for name, data in blobs.items() if len(data) >= MIN_BYTES]:
+                data = blobs.pop(name)
+                manifest["stored_blobs"][name] = [weights.put_bytes(data), len(data)]
         manifest["delegate_blobs"] = sorted(blobs)
         save_program(artifact.program, os.fspath(path), extra_files={**(extra or {}), MANIFEST: json.dumps(manifest)})
     if blobs:
@@ -120,7 +133,8 @@ def save_stage_file(
                         data.write_to_file(member)
 
 
-def load_stage_file(path: str | os.PathLike) -> StageFile:
+def load_stage_file(path: str | os.PathLike, weights: WeightStore | None = None) -> StageFile:
+    """`weights`: the store a file written with one names its large weights in (mapped, not read)."""
     path = os.fspath(path)
     hint = "pass a .stage file written by a dump of the stages (dump_dir) or by the crash reproducer"
     if not os.path.isfile(path):
@@ -134,10 +148,16 @@ def load_stage_file(path: str | os.PathLike) -> StageFile:
         llm_ops.register_ops()
         program = load_program(path, extra_files=extra)
         manifest = json.loads(extra[MANIFEST])
-        if manifest.get("delegate_blobs"):
+        stored = manifest.get("stored_blobs", {})
+        if (manifest.get("stored_weights") or stored) and weights is None:
+            raise ResumeError(f"{path!r} is a stage cache entry: its weights are in the cache's store", hint=hint)
+        if manifest.get("delegate_blobs") or stored:
             with zipfile.ZipFile(path) as archive:
                 blobs = {name: archive.read(f"{DELEGATE_BLOBS}/{name}") for name in manifest["delegate_blobs"]}
+            for name, (digest, size) in stored.items():
+                blobs[name] = _stored_blob(name, weights.checked_path(digest, size))
             _restore_delegate_blobs(program, blobs)
+        _restore_stored_weights(program, manifest.get("stored_weights", []), weights)
     except ResumeError:
         raise
     except Exception as exc:  # zip, JSON and deserializer errors all mean "corrupt"
@@ -200,6 +220,66 @@ def _stand_in(tensor: torch.Tensor) -> torch.Tensor:
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(stand_in, requires_grad=tensor.requires_grad)
     return stand_in
+
+
+def _weight_dicts(program) -> dict[str, dict]:
+    """Every dict of weights a program holds, by a name a manifest can give: its own state_dict and
+    constants, and each delegate's original program's state_dict."""
+    dicts = {"state_dict": program.state_dict, "constants": program.constants}
+    for index, module in enumerate(_lowered_modules(program)):
+        dicts[f"delegate.{index}"] = module.original_module.state_dict
+    return dicts
+
+
+@contextlib.contextmanager
+def _weights_stored(program, weights: WeightStore | None, manifest: dict) -> Iterator[None]:
+    """With a store, each large weight goes there once and the file holds a one-element stand-in
+    while it is written; the manifest lists `[dict, name, reference]` (a weight held under two
+    names is stored once and named `[dict, name, {"same_as": [dict, name]}]`)."""
+    if weights is None:
+        yield
+        return
+    listed: list = []
+    first: dict[int, list[str]] = {}
+    saved: list[tuple[dict, str, Any]] = []
+    try:
+        for where, tensors in _weight_dicts(program).items():
+            for name, tensor in list(tensors.items()):
+                if not storable(tensor):
+                    continue
+                if id(tensor) in first:
+                    reference = {"same_as": first[id(tensor)]}
+                else:
+                    reference = weights.put_tensor(tensor)
+                    first[id(tensor)] = [where, name]
+                listed.append([where, name, reference])
+                saved.append((tensors, name, tensor))
+                tensors[name] = _stand_in(tensor)
+        manifest["stored_weights"] = listed
+        yield
+    finally:
+        for tensors, name, tensor in saved:
+            tensors[name] = tensor
+
+
+def _restore_stored_weights(program, listed: list, weights: WeightStore | None) -> None:
+    """Each weight a manifest lists mapped from the store in place of its stand-in."""
+    dicts = _weight_dicts(program)
+    restored: dict[tuple[str, str], torch.Tensor] = {}
+    for where, name, reference in listed:
+        if "same_as" in reference:
+            tensor = restored[tuple(reference["same_as"])]
+        else:
+            tensor = weights.tensor(reference)
+        dicts[where][name] = restored[where, name] = tensor
+
+
+def _stored_blob(name: str, path: str) -> Any:
+    """A delegate's payload is read (the emitter takes bytes); its named data stays in the file."""
+    if name.endswith(".payload") or name.endswith(".state_dict"):
+        with open(path, "rb") as f:
+            return f.read()
+    return file_blob(path)
 
 
 @contextlib.contextmanager

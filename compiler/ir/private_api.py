@@ -1017,6 +1017,12 @@ def _spilled_blob_class() -> type:
     return SpilledBlob
 
 
+def file_blob(path: str) -> Any:
+    """A file that outlives this process (the stage cache's weight) as a blob ExecuTorch's serialiser
+    copies from in chunks; it is never removed by the blob."""
+    return _spilled_blob_class()(path, cleanup=False)
+
+
 def spilled_blob(data: bytes, directory: str) -> Any:
     """`data` written to a file of its own in `directory`, as a blob ExecuTorch's serialiser takes
     in place of the bytes; the file goes when the blob does."""

@@ -46,6 +46,7 @@ class ProgramData:
             raise ValueError("give the bytes or the path of a file holding them")
         self._data = data
         self._path = path
+        self._owned = owned
         self._size = len(data) if data is not None else os.path.getsize(path)
         if path is not None and owned:
             weakref.finalize(self, _remove, path)
@@ -96,8 +97,9 @@ class ProgramData:
             shutil.copyfileobj(f, file, 8 << 20)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the bytes to `path`: a file's are linked there where the file system allows,
-        else copied by the kernel; neither reads them into this process."""
+        """Write the bytes to `path`: an owned file's are linked there where the file system allows,
+        else copied by the kernel; neither reads them into this process. A file this object does not
+        own (a user's, the stage cache's) is copied: writing the saved file must not change it."""
         path = os.fspath(path)
         if self._data is not None:
             with open(path, "wb") as f:
@@ -105,6 +107,8 @@ class ProgramData:
             return
         _remove(path)
         try:
+            if not self._owned:
+                raise OSError("not ours to link")
             os.link(self._path, path)
         except OSError:
             shutil.copyfile(self._path, path)
