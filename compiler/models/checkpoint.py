@@ -70,7 +70,7 @@ def _loaded(model_class: Any, folder: str) -> torch.nn.Module:
 def _text_generation(folder: str, max_cache_len: int) -> tuple[torch.nn.Module, tuple, Any]:
     from compiler.models import llm
 
-    text = llm.text_model(folder, max_cache_len=max_cache_len, dtype=checkpoint_dtype(folder))
+    text = llm.text_model(folder, max_cache_len=max_cache_len)
     text.reset()
     return text.step, text.example_inputs, text.dynamic_shapes
 

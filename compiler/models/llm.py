@@ -145,11 +145,12 @@ def _special(value: Any) -> tuple[int, ...]:
 
 def text_model(
     model: Any, max_cache_len: int = 64, vocab: int = 256, seed: int = 0, dynamic_prefill: bool = False,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> TextModel:
     """`model`: a built-in name (llama, qwen3, gemma: tiny, random weights drawn with `seed`), a local
-    `save_pretrained` folder (its weights read as `dtype`), a transformers config (random weights drawn
-    with `seed`) or `*ForCausalLM`."""
+    `save_pretrained` folder (its weights read as `dtype`, by default the checkpoint's own: a bfloat16
+    checkpoint is not doubled into float32 before the compile decides what each backend computes in),
+    a transformers config (random weights drawn with `seed`) or `*ForCausalLM`."""
     try:
         from transformers import GenerationConfig, PretrainedConfig
         from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
@@ -165,7 +166,10 @@ def text_model(
             config._attn_implementation = "sdpa"
             hf_model = model_class(config)
         elif isinstance(model, (str, os.PathLike)) and os.path.isdir(model):
-            name, hf_model = os.path.basename(os.path.normpath(model)), _from_folder(os.fspath(model), dtype)
+            from compiler.models.checkpoint import checkpoint_dtype
+
+            folder = os.fspath(model)
+            name, hf_model = os.path.basename(os.path.normpath(model)), _from_folder(folder, dtype or checkpoint_dtype(folder))
         elif isinstance(model, torch.nn.Module) and hasattr(model, "generation_config"):
             name, hf_model = type(model).__name__, model
         elif isinstance(model, PretrainedConfig):

@@ -230,11 +230,15 @@ def runs_here(pte: bytes) -> bool:
     return all(registry.is_available(d.id) for plan in plans for d in plan.delegates)
 
 
-def logit_tolerance(loaded, largest: float) -> Tolerance:
+def logit_tolerance(loaded, largest: float, returned: torch.dtype = torch.float32) -> Tolerance:
+    """The backend's tolerance for the program's precision, plus the rounding of logits it returns in
+    a narrower dtype (a bfloat16 model computed in float32 returns bfloat16, as the model does)."""
     if loaded.computes_in_float16:
-        return Tolerance.for_precision("float16", largest, by_delegate=True)
-    dtype = loaded.computes_in
-    return Tolerance.for_precision(str(dtype).removeprefix("torch.") if dtype is not None else "float32", largest)
+        chosen = Tolerance.for_precision("float16", largest, by_delegate=True)
+    else:
+        dtype = loaded.computes_in
+        chosen = Tolerance.for_precision(str(dtype).removeprefix("torch.") if dtype is not None else "float32", largest)
+    return chosen.with_output_rounding(str(returned).removeprefix("torch."), largest)
 
 
 def _runner_tokens(pieces: list[str], model: llm.TextModel) -> list[int]:
@@ -284,6 +288,25 @@ def _runner_generation(pte_path: str, tokenizer_path: str, model: llm.TextModel,
     return _runner_tokens(pieces, model), statistics.median(prefill), statistics.median(decode)
 
 
+def in_precision(model: llm.TextModel, dtype: torch.dtype | None) -> llm.TextModel:
+    """The eager model computing in the program's floating dtype where the program computes wider
+    than the model's weights (a bfloat16 checkpoint compiled for a backend that computes in float32):
+    a copy cast to it. Else the model itself (a program computing narrower is checked against the
+    model as given, with the tolerance of its precision)."""
+    held = {p.dtype for p in model.hf_model.parameters() if p.is_floating_point()}
+    if dtype is None or not dtype.is_floating_point or all(torch.finfo(h).bits >= torch.finfo(dtype).bits for h in held):
+        return model
+    import copy
+
+    hf_model = copy.deepcopy(model.hf_model)
+    for tensor in [*hf_model.parameters(), *hf_model.buffers()]:
+        if tensor.is_floating_point():
+            tensor.data = tensor.data.to(dtype)
+    logger.info("generation check: eager computes in %s, as the program does", dtype)
+    cast = llm.text_model(hf_model, max_cache_len=model.max_cache_len, dynamic_prefill=model.dynamic_prefill)
+    return attrs.evolve(cast, name=model.name)
+
+
 def check_generation(
     program: Any, model: llm.TextModel, backend: str, steps: int = 32, prompt: str = DEFAULT_PROMPT,
     tolerance: float | None = None, repeats: int = 3,
@@ -296,18 +319,20 @@ def check_generation(
 
     prompt_ids = prompt_tokens(model, prompt)
     refuse_overflow(len(prompt_ids), "tokens with BOS", steps, model.max_cache_len)
+    pte = pte_bytes(program)
+    load_llm_kernels()  # a program made elsewhere (optimum-executorch's) may call ExecuTorch's LLM ops
+    loaded = LoadedProgram(pte)
+    model = in_precision(model, loaded.computes_in)
     eager = eager_greedy(model, prompt_ids, steps)
     require_agreement(
         eager.tokens, _transformers_generate(model, prompt_ids, steps), "the decoder step",
         "check the model's static cache: the step and generate must compute the same logits",
     )
-    pte = pte_bytes(program)
-    load_llm_kernels()  # a program made elsewhere (optimum-executorch's) may call ExecuTorch's LLM ops
-    loaded = LoadedProgram(pte)
     errors, program_argmax = [], []
     largest = 0.0
     for (called, start), want in zip(eager.calls, eager.logits):
         (got,) = loaded([torch.tensor([list(called)]), torch.arange(start, start + len(called))])
+        returned = got.dtype
         got = got[0].to(torch.float64)
         errors.append(max_abs_error(got, want))
         largest = max(largest, want.abs().max().item())
@@ -331,7 +356,7 @@ def check_generation(
     worst = max(range(len(errors)), key=errors.__getitem__)
     return GenerationCheck(
         model.name, backend, steps, tuple(prompt_ids), tuple(eager.tokens), tuple(tokens), runner,
-        errors[worst], worst, Tolerance.given(tolerance) if tolerance is not None else logit_tolerance(loaded, largest),
+        errors[worst], worst, Tolerance.given(tolerance) if tolerance is not None else logit_tolerance(loaded, largest, returned),
         pte_methods(pte), prefill_ms, decode_ms,
     )
 

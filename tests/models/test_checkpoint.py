@@ -47,6 +47,17 @@ def test_text_generation_reads_the_checkpoint_in_its_own_dtype(llama_folder):
     assert [tuple(t.shape) for t in inputs] == [(1, 1), (1,)] and shapes is None
 
 
+def test_generate_reads_the_checkpoint_in_its_own_dtype_and_checks_in_the_programs(llama_folder):
+    """The generation job loads a bfloat16 folder as bfloat16 (not doubled into float32 first); its
+    check runs eager in float32, as the XNNPACK program computes, and allows only the one rounding of
+    the logits the program returns in the model's bfloat16."""
+    job = compiler.generate(llama_folder, "xnnpack", tokens=8, check=True, max_cache_len=32, cache=False)
+    assert {p.dtype for p in job.model.hf_model.parameters()} == {torch.bfloat16}
+    assert job.result.report.stage("precision").metrics["dtype"] == "float32"
+    assert job.check.passed, job.check.describe()
+    assert "half a bfloat16 ulp" in job.check.tolerance.rule  # the logits come back in the model's dtype
+
+
 @pytest.mark.parametrize("backend", [pytest.param("portable", marks=pytest.mark.slow), "xnnpack"])
 def test_cli_compiles_a_folder_by_task_and_checks_it(llama_folder, backend, tmp_path, capsys):
     output = tmp_path / "llama.pte"
