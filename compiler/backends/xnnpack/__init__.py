@@ -22,6 +22,7 @@ from compiler.ir.private_api import (
     partition_merges_checked_by_bits,
     partition_search_lookups_memoized,
     preprocess_copies_share_tensors,
+    unchanged_graphs_not_retraced,
 )
 
 _XNNPACK_LOGGER = "executorch.backends.xnnpack"
@@ -99,11 +100,14 @@ class XnnpackBackend(Backend):
 
     def lowering(self, dependency_checks: bool = False) -> contextlib.AbstractContextManager[None]:
         """Each partition's program for XNNPACK's preprocess shares the partition's weights
-        (`preprocess_copies_share_tensors`: its passes put what they compute in new tensors),
+        (`preprocess_copies_share_tensors`: its passes put what they compute in new tensors), a
+        pass that changed nothing does not retrace the partition (`unchanged_graphs_not_retraced`),
         and unless `dependency_checks`, no check of the whole partition by ExecuTorch's pass
         manager before and after each of XNNPACK's passes (`exir_pass_checks_skipped`)."""
         stack = contextlib.ExitStack()
         stack.enter_context(preprocess_copies_share_tensors())
+        # Most of XNNPACK's passes change nothing in a given partition but retrace it anyway.
+        stack.enter_context(unchanged_graphs_not_retraced())
         if not dependency_checks:
             stack.enter_context(exir_pass_checks_skipped())
         return stack
