@@ -179,6 +179,18 @@ def scale_lines(results: dict) -> list[str]:
     ]
 
 
+def decode_lines(results: dict) -> list[str]:
+    """One decode step at real size under ExecuTorch's runtime, against the memory-bandwidth bound."""
+    from benchmarks import decode_speed
+
+    return [
+        "",
+        "Decode speed at real size (`python -m benchmarks.decode_speed`; `benchmarks/results/decode_speed.json`):",
+        "",
+        decode_speed.render(results["rows"]).strip(),
+    ]
+
+
 def render() -> str:
     lines: list[str] = []
     compile_time = _load("compile_time.json")
@@ -205,6 +217,9 @@ def render() -> str:
     scale = _load("scale.json")
     if scale:
         lines += scale_lines(scale)
+    decode = _load("decode_speed.json")
+    if decode:
+        lines += decode_lines(decode)
     return "\n".join(lines).strip() + "\n"
 
 
