@@ -21,6 +21,7 @@ _EXPORTS = {
     "compare_with_eager": "compiler.running.runtime",
     "LoadedProgram": "compiler.running.runtime",
     "run": "compiler.running.runtime",
+    "share_weights": "compiler.ir.shared_weights",
     "STAGE_NAMES": "compiler.stages",
     "CaptureError": "compiler.ir.errors",
     "CompileError": "compiler.ir.errors",

@@ -108,6 +108,18 @@ def _parser() -> argparse.ArgumentParser:
     _add_task_flag(run_cmd)
     _add_dynamic_dim_flag(run_cmd, "the comparison")
     _add_tolerance_flag(run_cmd, "the comparison")
+    run_cmd.add_argument(
+        "--weights", metavar="FILE.ptd",
+        help="the program's data file, when it is not beside it as PROGRAM.ptd (one share-weights wrote)",
+    )
+
+    share_cmd = commands.add_parser(
+        "share-weights", parents=[talk],
+        help="write one data file for several programs compiled with --external-weights: each distinct weight "
+        "once; each program then runs with it (run --weights)",
+    )
+    share_cmd.add_argument("data_files", nargs="+", metavar="FILE", help="the programs' .ptd files (or their .pte)")
+    share_cmd.add_argument("-o", "--output", required=True, metavar="SHARED.ptd", help="the data file to write")
 
     commands.add_parser("examples", help="list the built-in example models")
 
@@ -565,12 +577,22 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
     shapes = None
     if args.dynamic_dim:
         shapes = api.model_dynamic_shapes(args.model, module, inputs, own, args.dynamic_dim)
+    if args.weights is not None and not os.path.isfile(args.weights):
+        raise UserInputError(f"--weights {args.weights!r} does not exist", hint="give the path of a .ptd file")
     check = terminal.quietly("running the program and eager", runtime.compare_with_eager, args.program, module,
-                             inputs, tolerance=args.tolerance, dynamic_shapes=shapes)
+                             inputs, tolerance=args.tolerance, dynamic_shapes=shapes, weights=args.weights)
     terminal.check(check)
     if terminal.verbosity >= 1:
         _print_messages(terminal, [])
     return 0 if check.passed else 1
+
+
+def _share_weights(args: argparse.Namespace, terminal: Terminal) -> int:
+    from compiler.ir.shared_weights import share_weights
+
+    shared = terminal.quietly("sharing the weights", share_weights, args.data_files, args.output)
+    terminal.say(shared.describe())
+    return 0
 
 
 def _visualize(args: argparse.Namespace, terminal: Terminal) -> int:
@@ -664,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     terminal = Terminal(-1 if getattr(args, "quiet", False) else getattr(args, "verbose", 0))
     _setup_logging(terminal)
-    commands = {"compile": _compile, "run": _run, "visualize": _visualize, "sweep": _sweep, "fuzz": _fuzz, "examples": _examples, "generate": generate.run, "transcribe": transcribe.run, "describe-image": describe_image.run, "locate": locate.run}
+    commands = {"compile": _compile, "run": _run, "share-weights": _share_weights, "visualize": _visualize, "sweep": _sweep, "fuzz": _fuzz, "examples": _examples, "generate": generate.run, "transcribe": transcribe.run, "describe-image": describe_image.run, "locate": locate.run}
     try:
         return commands[args.command](args, terminal)
     except CompileError as error:

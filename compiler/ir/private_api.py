@@ -1089,10 +1089,10 @@ def _spilled_blob_class() -> type:
     return SpilledBlob
 
 
-def file_blob(path: str) -> Any:
-    """A file that outlives this process (the stage cache's weight) as a blob ExecuTorch's serialiser
-    copies from in chunks; it is never removed by the blob."""
-    return _spilled_blob_class()(path, cleanup=False)
+def file_blob(path: str, owned: bool = False) -> Any:
+    """A file as a blob ExecuTorch's serialiser copies from in chunks; `owned`: removed when the blob
+    goes (else it outlives it: the stage cache's weight)."""
+    return _spilled_blob_class()(path, cleanup=owned)
 
 
 def spilled_blob(data: bytes, directory: str) -> Any:
@@ -1182,6 +1182,38 @@ def pte_segment_base(head: bytes) -> int:
 
     header = _get_extended_header(head)
     return header.segment_base_offset if header is not None and header.is_valid() else 0
+
+
+def data_file_index(path: str) -> tuple[int, list[tuple[int, int]], list[tuple[str, int, Any]]]:
+    """A data file's (`.ptd`, ExecuTorch's FlatTensor format) index, read from its first bytes only:
+    where its segments start, each segment's (offset, size) from there, and each named entry's (key,
+    segment, tensor layout). `_deserialize_to_flat_tensor` is private. Checked against executorch 1.5.1."""
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorHeader, _deserialize_to_flat_tensor
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+        header = FlatTensorHeader.from_bytes(head[8:])
+        if not header.is_valid():
+            raise ValueError(f"{path!r} is not an ExecuTorch data file (no FlatTensor header)")
+        f.seek(0)
+        flatbuffer = f.read(header.flatbuffer_offset + header.flatbuffer_size)
+    index = _deserialize_to_flat_tensor(flatbuffer)
+    segments = [(segment.offset, segment.size) for segment in index.segments]
+    named = [(entry.key, entry.segment_index, entry.tensor_layout) for entry in index.named_data]
+    return header.segment_base_offset, segments, named
+
+
+def write_data_file(file: Any, buffers: list, named: list[tuple[str, int, Any]]) -> None:
+    """A data file of `buffers` (bytes, or blobs held in files, copied in chunks) and named entries
+    (key, buffer, tensor layout), written to the open binary `file` by ExecuTorch's serializer."""
+    from executorch.exir._serialize.data_serializer import DataEntry, DataPayload
+    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
+
+    payload = DataPayload(
+        buffers=buffers,
+        named_data={key: DataEntry(buffer_index=index, alignment=1, tensor_layout=layout) for key, index, layout in named},
+    )
+    FlatTensorSerializer().serialize(payload).write_to_file(file)
 
 
 @contextlib.contextmanager

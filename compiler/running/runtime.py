@@ -245,10 +245,11 @@ class LoadedProgram:
         return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
 
 
-def run(artifact: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
+def run(artifact: Any, inputs: Sequence[Any], weights: str | os.PathLike | None = None) -> list[torch.Tensor]:
     """Run an emitted program (a CompileResult, the bytes of any `.pte`, or its path) once on
-    `inputs`; returns its outputs flattened."""
-    return LoadedProgram(artifact)(inputs)
+    `inputs`; returns its outputs flattened. `weights`: its data file, when not beside it (one
+    `share_weights` wrote for several programs)."""
+    return LoadedProgram(artifact, weights)(inputs)
 
 
 @attrs.frozen
@@ -489,9 +490,9 @@ def _worse(one: CheckResult, other: CheckResult) -> bool:
 
 def compare_with_eager(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None,
-    dynamic_shapes: Any = None,
+    dynamic_shapes: Any = None, weights: str | os.PathLike | None = None,
 ) -> CheckResult:
-    """`compare_at` on the example inputs; a CompileResult whose program has dynamic input sizes
+    """`compare_at` on the example inputs (`weights`: the program's data file, when not beside it); a CompileResult whose program has dynamic input sizes
     also runs with them all at the bottom of their declared ranges, then at the top (where a
     size a dependency fixed, or memory planned too small, shows), and the worst run is the
     result. A CompileResult whose Core ML delegates compute in float16 is also lowered again
@@ -500,7 +501,7 @@ def compare_with_eager(
     the example's run. A `.pte` does not say which of its sizes are dynamic: `dynamic_shapes` (as
     torch.export takes them, those it was compiled with) give the ranges whose ends it runs at."""
     state = _State(module)
-    checked = _compare_over_ranges(program, module, inputs, tolerance, dynamic_shapes)
+    checked = _compare_over_ranges(program, module, inputs, tolerance, dynamic_shapes, weights)
     remake = getattr(program, "at_float32", None)
     variant = remake() if callable(remake) and not checked.error else None
     if variant is None:
@@ -514,9 +515,10 @@ def compare_with_eager(
 
 
 def _compare_over_ranges(
-    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None, dynamic_shapes: Any = None
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None, dynamic_shapes: Any = None,
+    weights: str | os.PathLike | None = None,
 ) -> CheckResult:
-    checked = compare_at(program, module, inputs, tolerance)
+    checked = compare_at(program, module, inputs, tolerance, weights)
     ends = _inputs_at_range_ends(program, inputs, module, dynamic_shapes)
     if not ends:
         return checked
@@ -526,7 +528,7 @@ def _compare_over_ranges(
     try:
         for label, other in ends:
             try:
-                result = compare_at(program, module, other, tolerance)
+                result = compare_at(program, module, other, tolerance, weights)
             except Exception as exc:  # the runtime, the reference executor or the shapes: the program fails there
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 return attrs.evolve(checked, sizes=sizes, error=f"at {label}: {type(exc).__name__}: {first}")
@@ -538,7 +540,8 @@ def _compare_over_ranges(
 
 
 def compare_at(
-    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None,
+    weights: str | os.PathLike | None = None,
 ) -> CheckResult:
     """Run the program (a CompileResult, `.pte` bytes or path) and eager PyTorch on the same
     inputs; report the largest errors against `tolerance` (absolute, for every output), or by
@@ -551,7 +554,7 @@ def compare_at(
     quantization error; for a program computing in a more precise floating dtype than the
     model (a bfloat16 model the precision stage computes in float32), the model and inputs
     cast to it, the error against the model as given reported as the precision error."""
-    loaded = LoadedProgram(program)
+    loaded = LoadedProgram(program, weights)
     actual = loaded(inputs)
     quantized = _quantized_model(program)
     model = quantized if quantized is not None else module
