@@ -397,3 +397,15 @@ def test_a_large_program_is_stored_once_and_saved_as_a_copy(tmp_path):
     (saved,) = warm.save(tmp_path / "model.pte")
     assert os.stat(saved).st_ino != os.stat(warm.program.data.path).st_ino
     assert open(saved, "rb").read() == cold.pte
+
+
+def test_an_output_larger_than_the_cache_is_not_stored(tmp_path, caplog):
+    """A real-size model's stage outputs would be written only to be evicted again: each is over
+    the limit, so none is written (and the compile says why, at info)."""
+    torch.manual_seed(0)
+    model, inputs = _Wide().eval(), (torch.randn(4, 512),)  # 2 MB of weights
+    with caplog.at_level(logging.INFO, logger="compiler.driver.cache"):
+        compiler.compile(model, inputs, "portable", cache_dir=str(tmp_path), cache_max_mb=1)
+    assert _entries(tmp_path) == [] or all(os.path.getsize(tmp_path / e) < 2**20 for e in _entries(tmp_path))
+    assert not (tmp_path / weight_store.FOLDER).exists()
+    assert any("over the cache's limit" in r.getMessage() for r in caplog.records)

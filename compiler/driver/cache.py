@@ -344,6 +344,13 @@ class StageCache:
 
         if not (can_save(artifact) or isinstance(artifact, ExecutorchProgram)):
             return False
+        held = artifact_bytes(artifact)
+        if not row_only and held > self.max_bytes:
+            logger.info(
+                "stage cache: %s's output not stored: its %.2f GB of weights are over the cache's limit of %.2f GB "
+                "(cache_max_mb, --cache-max-mb)", stage, held / 1e9, self.max_bytes / 1e9,
+            )
+            return False
         row = attrs.asdict(record)
         row.pop("messages", None)
         kind = None if row_only else type(artifact).__name__
@@ -467,6 +474,28 @@ class CacheRun:
 
 class _RowOnly(Exception):
     """The entry holds a stage's report row, not its output."""
+
+
+def artifact_bytes(artifact: Any) -> int:
+    """The bytes of the weights an artifact holds: a program's files, or the tensors, delegate
+    payloads and named data of a program in a stage."""
+    from compiler.ir.artifacts import ExecutorchProgram
+
+    if isinstance(artifact, ExecutorchProgram):
+        return len(artifact.data) + (len(artifact.weights) if artifact.weights is not None else 0)
+    import torch
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    from compiler.process.memory import tensor_bytes
+
+    program = artifact.program
+    tensors = [t for t in (*program.state_dict.values(), *program.constants.values()) if isinstance(t, torch.Tensor)]
+    total = tensor_bytes(tensors)[0]
+    for module in program.graph_module.modules():
+        if isinstance(module, LoweredBackendModule):
+            named = module.named_data_store_output
+            total += len(module.processed_bytes) + sum(len(b) for b in (named.buffers if named is not None else ()))
+    return total
 
 
 def write_zip(path: str, members: Mapping[str, str | bytes | ProgramData]) -> None:
