@@ -107,6 +107,16 @@ class CompileResult(_SavesProgram):
         options["compute_precision"] = "float32"
         config = attrs.evolve(self.config, backend_options=options)
         artifact = self.stages[start]
+        from compiler.process.memory import compile_bytes, refuse_unless_it_fits, tensor_bytes
+
+        program = artifact.program
+        total, half = tensor_bytes([t for t in (*program.state_dict.values(), *program.constants.values())
+                                    if isinstance(t, torch.Tensor)])
+        target = BY_NAME[self.config.backend]
+        refuse_unless_it_fits(
+            compile_bytes(total, half, True, target.lowering_memory),
+            "converting the partitions again computing in float32 (the check's float32 re-check)", stage="partition",
+        )
         if getattr(artifact, "searched", None) is not None:  # the dry run's search: float16's specs
             artifact = attrs.evolve(artifact, searched=None)
         with DependencyOutput() as output:

@@ -114,3 +114,22 @@ def test_a_checkpoint_too_large_to_read_is_refused_before_it_is_read(monkeypatch
     monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
     with pytest.raises(InsufficientMemory, match="reading the checkpoint"):
         load_checkpoint(tmp_path, "text-generation")
+
+
+def test_a_core_ml_check_without_memory_for_its_float32_recheck_says_so_instead_of_dying(monkeypatch):
+    """The float32 re-check converts the partitions again (1B Llama on Core ML: the check was killed
+    at 24.5 GB). Without the memory for it, the float16 check stands alone and says what it skipped."""
+    import torch
+
+    import compiler
+    from compiler.process import memory
+
+    torch.manual_seed(0)
+    model, inputs = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval(), (torch.randn(2, 64),)
+    result = compiler.compile(model, inputs, "coreml", cache=False)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    check = compiler.compare_with_eager(result, model, inputs)
+    assert check.at_float32 is None and "float32 re-check" in check.float32_skipped
+    assert check.passed and "computing in float32: not checked: converting the partitions again" in check.describe()
+    monkeypatch.undo()
+    assert compiler.compare_with_eager(result, model, inputs).at_float32 is not None

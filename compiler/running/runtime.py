@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 from compiler import backends
 from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
-from compiler.ir.errors import UnsupportedByRuntime, UserInputError
+from compiler.ir.errors import InsufficientMemory, UnsupportedByRuntime, UserInputError
 from compiler.ir.kernels import load_llm_kernels, load_quantized_kernels
 from compiler.ir.program_data import ProgramData, data_file_path, delegate_payload, flatbuffer_program
 from compiler.ir.targets import BY_DELEGATE_ID
@@ -280,6 +280,7 @@ class CheckResult:
     # For a Core ML program computing in float16: the same partitions computing in float32,
     # checked at float32's tolerance (a conversion fault below float16's noise fails there).
     at_float32: "CheckResult | None" = None
+    float32_skipped: str | None = None  # why the float32 re-check did not run (the memory it needs)
 
     @property
     def passed(self) -> bool:
@@ -312,6 +313,8 @@ class CheckResult:
             f"max rel error {self.max_rel_error:.3g} -> {'OK' if own else 'MISMATCH'} "
             f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}){besides}{sizes}{failed}"
         )
+        if self.float32_skipped is not None:
+            return f"{line}\nthe same partitions converted computing in float32: not checked: {self.float32_skipped}"
         if self.at_float32 is None:
             return line
         return f"{line}\nthe same partitions converted computing in float32: {self.at_float32.describe()}"
@@ -337,6 +340,7 @@ class CheckResult:
             "worst_at": self.worst_at,
             "error": self.error,
             "at_float32": None if self.at_float32 is None else self.at_float32.to_json(),
+            "float32_skipped": self.float32_skipped,
         }
 
 
@@ -503,7 +507,10 @@ def compare_with_eager(
     state = _State(module)
     checked = _compare_over_ranges(program, module, inputs, tolerance, dynamic_shapes, weights)
     remake = getattr(program, "at_float32", None)
-    variant = remake() if callable(remake) and not checked.error else None
+    try:
+        variant = remake() if callable(remake) and not checked.error else None
+    except InsufficientMemory as exc:  # the float16 check stands; it says what it could not add
+        return attrs.evolve(checked, float32_skipped=exc.reason)
     if variant is None:
         return checked
     state.first_run_done()
