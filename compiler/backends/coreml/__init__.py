@@ -46,6 +46,7 @@ from compiler.ir.private_api import (
     coreml_conversion_state_reset_on_failure,
     coreml_payloads_rewritten,
     coreml_progress_bars,
+    fp16_overflow_checked_in_pieces,
     mil_idle_work_skipped,
     mil_pass_validation_skipped,
     preprocess_copies_share_tensors,
@@ -358,7 +359,8 @@ class CoreMLBackend(Backend):
         of stock's random ones), and (unless `dependency_checks`) no MIL validation after each
         of coremltools' passes, nor the work coremltools repeats after each pass that changes nothing
         (`mil_idle_work_skipped`), nor a copy of every weight for the conversion, which only
-        reads them (`preprocess_copies_share_tensors`). A conversion that fails leaves no coremltools naming state
+        reads them (`preprocess_copies_share_tensors`), nor whole-weight temporaries in the float16
+        pass's overflow test (`fp16_overflow_checked_in_pieces`). A conversion that fails leaves no coremltools naming state
         behind (`coreml_conversion_state_reset_on_failure`): later payloads stay reproducible."""
         stack = contextlib.ExitStack()
         stack.enter_context(coreml_conversion_state_reset_on_failure())
@@ -366,6 +368,7 @@ class CoreMLBackend(Backend):
         stack.enter_context(coreml_payloads_rewritten(_reproducible))
         stack.enter_context(coreml_progress_bars(progress.steps))
         stack.enter_context(mil_idle_work_skipped())
+        stack.enter_context(fp16_overflow_checked_in_pieces())
         stack.enter_context(preprocess_copies_share_tensors())
         if not dependency_checks:
             stack.enter_context(mil_pass_validation_skipped())
