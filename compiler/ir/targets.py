@@ -48,9 +48,11 @@ TARGETS: tuple[Target, ...] = (
         no_bfloat16="Core ML takes no bfloat16 (it computes a float32 program in its compute precision, "
         "float16 by default)",
         default_compute_precision="float16",
-        # coremltools' conversion: 2.7x float32 weights for float, 3.1x for 4w (it holds them as numpy
-        # arrays, then their float16 or palettized forms, the .mlpackage and the flattened payload).
-        lowering_memory=3.0,
+        # coremltools' conversion (it holds the weights as numpy arrays, then their float16 or
+        # palettized forms, the .mlpackage and the flattened payload), with its float16 overflow test
+        # made piecewise: 1.65x the float32 weights for float and 0.71x for 4w at 0.5B, 1.03x and
+        # 0.13x at 1B (it was 2.7x and 3.1x before); 2.0 keeps a margin.
+        lowering_memory=2.0,
     ),
     Target(
         "mlx", "MLX", "compiler.backends.mlx", "MLXBackend", "MLXBackend",
