@@ -30,8 +30,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -128,28 +126,11 @@ def _time(job: dict) -> dict:
 
 def _child(role: str, job: dict, timeout: float) -> tuple[dict, int]:
     """Run `role` in a process of its own; its result and its peak resident bytes."""
-    with tempfile.TemporaryFile("w+") as out:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.decode_speed", f"--{role}", json.dumps(job)],
-            stdout=out, stderr=subprocess.DEVNULL, cwd=os.path.dirname(HERE),
-        )
-        deadline = time.perf_counter() + timeout
-        while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                child.kill()
-                pid, status, usage = os.wait4(child.pid, 0)
-                break
-            time.sleep(0.5)
-        out.seek(0)
-        lines = [line for line in out.read().splitlines() if line.startswith("{")]
-    peak = usage.ru_maxrss * 1024
-    if not lines:
+    result, peak, status, _ = scale.child_result("benchmarks.decode_speed", f"--{role}", job, timeout)
+    if result is None:
         how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exited {os.WEXITSTATUS(status)}"
         raise RuntimeError(f"{role} {how} at {peak / GB:.1f} GB without a result")
-    return json.loads(lines[-1]), peak
+    return result, peak
 
 
 def _optimum(job: dict, python: str) -> dict:

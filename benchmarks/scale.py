@@ -221,15 +221,17 @@ def run_cell(cell: dict) -> dict:
 # --- the parent ---------------------------------------------------------------------------
 
 
-def measure(cell: dict, timeout: float) -> dict:
-    """Run one cell in a child process; its peak resident set and wall time from the kernel."""
-    start = time.perf_counter()
+def child_result(module: str, flag: str, payload: dict, timeout: float) -> tuple[dict | None, int, int, bool]:
+    """Run `python -m module flag JSON` in a process of its own: its last JSON line (None without
+    one), its peak resident bytes from the kernel (`wait4`), its wait status, and whether it ran
+    out of time (then it was killed)."""
     with tempfile.TemporaryFile("w+") as out:
         child = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.scale", "--run-cell", json.dumps(cell)],
+            [sys.executable, "-m", module, flag, json.dumps(payload)],
             stdout=out, stderr=subprocess.DEVNULL, cwd=os.path.dirname(HERE),
         )
-        deadline = start + timeout
+        deadline = time.perf_counter() + timeout
+        timed_out = False
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
             if pid:
@@ -237,16 +239,23 @@ def measure(cell: dict, timeout: float) -> dict:
             if time.perf_counter() > deadline:
                 child.kill()
                 pid, status, usage = os.wait4(child.pid, 0)
+                timed_out = True
                 break
             time.sleep(0.5)
         out.seek(0)
         lines = [line for line in out.read().splitlines() if line.startswith("{")]
-    row = json.loads(lines[-1]) if lines else {}
-    row |= {"peak_rss": usage.ru_maxrss * 1024, "wall_s": time.perf_counter() - start}
+    return (json.loads(lines[-1]) if lines else None), usage.ru_maxrss * 1024, status, timed_out
+
+
+def measure(cell: dict, timeout: float) -> dict:
+    """Run one cell in a child process; its peak resident set and wall time from the kernel."""
+    start = time.perf_counter()
+    result, peak, status, timed_out = child_result("benchmarks.scale", "--run-cell", cell, timeout)
+    row = (result or {}) | {"peak_rss": peak, "wall_s": time.perf_counter() - start}
     if os.WIFSIGNALED(status):
-        reason = "timed out" if time.perf_counter() > deadline else "killed"
-        row |= {"status": reason, "error": f"{reason} at {row['peak_rss'] / GB:.1f} GB (signal {os.WTERMSIG(status)})"}
-    elif not lines:
+        reason = "timed out" if timed_out else "killed"
+        row |= {"status": reason, "error": f"{reason} at {peak / GB:.1f} GB (signal {os.WTERMSIG(status)})"}
+    elif result is None:
         row |= {"status": "fails", "error": f"exited {os.WEXITSTATUS(status)} without a result"}
     return row
 
