@@ -47,6 +47,24 @@ def test_text_generation_reads_the_checkpoint_in_its_own_dtype(llama_folder):
     assert [tuple(t.shape) for t in inputs] == [(1, 1), (1,)] and shapes is None
 
 
+def test_a_folders_text_model_is_its_own_dtype_and_checks_in_the_programs(llama_folder):
+    """`generate`'s loader reads a bfloat16 folder as bfloat16; the eager model its check runs for a
+    float32 program is a float32 copy, computing as the folder read in float32 does."""
+    from compiler.models import llm
+    from compiler.tools import generation
+
+    text = llm.text_model(llama_folder, max_cache_len=32)
+    assert {p.dtype for p in text.hf_model.parameters()} == {torch.bfloat16}
+    cast = generation.in_precision(text, torch.float32)
+    assert {p.dtype for p in cast.hf_model.parameters()} == {torch.float32}
+    assert generation.in_precision(text, torch.bfloat16) is text
+    wide = llm.text_model(llama_folder, max_cache_len=32, dtype=torch.float32)
+    step = (torch.tensor([[1]]), torch.tensor([0]))
+    with torch.no_grad():
+        assert torch.equal(cast.step(*step), wide.step(*step))
+
+
+@pytest.mark.slow  # the generation job with its runner check, about 30 s
 def test_generate_reads_the_checkpoint_in_its_own_dtype_and_checks_in_the_programs(llama_folder):
     """The generation job loads a bfloat16 folder as bfloat16 (not doubled into float32 first); its
     check runs eager in float32, as the XNNPACK program computes, and allows only the one rounding of

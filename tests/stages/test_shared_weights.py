@@ -71,6 +71,7 @@ def test_data_files_holding_other_weights_under_one_name_are_refused(tmp_path):
         compiler.share_weights([tmp_path / "missing.pte"], tmp_path / "shared.ptd")
 
 
+@pytest.mark.slow  # two CLI compiles; the API test above covers the file
 def test_cli_shares_the_weights_and_runs_a_program_from_them(tmp_path, capsys):
     for backend in ("portable", "xnnpack"):
         assert main(["compile", "mlp", "--backend", backend, "--external-weights", "--no-cache", "-q",
