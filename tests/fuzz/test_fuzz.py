@@ -54,6 +54,7 @@ def _draw(count: int, seed: int = 3) -> list[Program]:
     return drawn
 
 
+@pytest.mark.slow  # draws and exports a whole campaign; the sampled campaigns below run by default
 def test_every_drawn_program_exports_and_every_step_kind_is_drawn():
     drawn = _draw(250)
     for program in drawn[:20]:

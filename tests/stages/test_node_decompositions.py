@@ -352,6 +352,7 @@ def test_copies_of_a_node_take_their_values_from_the_first_ones_form(monkeypatch
     assert not any(v._is_view() for value in made for v in pytree.tree_leaves(value))
 
 
+@pytest.mark.slow  # compiles many distinct graphs to fill the memo
 def test_the_recipes_remembered_are_bounded(monkeypatch):
     """Past the bound the oldest are forgotten; a program needing more distinct nodes than the
     bound still decomposes node by node, as torch does."""

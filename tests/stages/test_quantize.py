@@ -128,6 +128,7 @@ def test_the_stage_cache_keys_on_the_quantized_program(model, tmp_path):
     assert again.pte == first.pte != other.pte
 
 
+@pytest.mark.slow  # two CLI compiles; the API calibration tests above run by default
 def test_the_cli_quantizes_with_draws_and_with_a_calibration_file(tmp_path, capsys):
     spec = "mlp:features=16,hidden=32,layers=2"
     saved = tmp_path / "calibration.pt"
