@@ -364,7 +364,7 @@ def _model_dtype(module: Any, inputs: Sequence[Any]) -> torch.dtype:
     return _least_precise(t.dtype for t in held) or _least_precise(t.dtype for t in _tensors(inputs)) or torch.float32
 
 
-def _cast(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
+def cast_copy(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
     """A copy of the model and the inputs with every floating tensor in `dtype`."""
     import copy
 
@@ -387,7 +387,7 @@ def _in_dtype(program: Any, model: torch.nn.Module, inputs: Sequence[Any], dtype
     compiled = stages.get("quantize")
     if "precision" in stages and compiled is not None and compiled.module is model:
         return stages["precision"].program.module(), tuple(inputs)
-    return _cast(model, inputs, dtype)
+    return cast_copy(model, inputs, dtype)
 
 
 def _quantized_model(program: Any) -> torch.nn.Module | None:

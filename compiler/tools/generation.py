@@ -296,12 +296,9 @@ def in_precision(model: llm.TextModel, dtype: torch.dtype | None) -> llm.TextMod
     held = {p.dtype for p in model.hf_model.parameters() if p.is_floating_point()}
     if dtype is None or not dtype.is_floating_point or all(torch.finfo(h).bits >= torch.finfo(dtype).bits for h in held):
         return model
-    import copy
+    from compiler.running.runtime import cast_copy
 
-    hf_model = copy.deepcopy(model.hf_model)
-    for tensor in [*hf_model.parameters(), *hf_model.buffers()]:
-        if tensor.is_floating_point():
-            tensor.data = tensor.data.to(dtype)
+    hf_model, _ = cast_copy(model.hf_model, (), dtype)
     logger.info("generation check: eager computes in %s, as the program does", dtype)
     cast = llm.text_model(hf_model, max_cache_len=model.max_cache_len, dynamic_prefill=model.dynamic_prefill)
     return attrs.evolve(cast, name=model.name)
