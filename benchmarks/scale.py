@@ -140,6 +140,11 @@ def _ours(cell: dict, step, inputs, shapes) -> dict:
         check = compiler.compare_with_eager(result, step, inputs)
         out["check"] = {"passed": check.passed, "max_abs_error": check.max_abs_error,
                         "tolerance": check.tolerance.absolute}
+        if check.at_float32 is not None:
+            out["check"]["float32"] = {"passed": check.at_float32.passed, "max_abs_error": check.at_float32.max_abs_error,
+                                       "tolerance": check.at_float32.tolerance.absolute}
+        elif check.float32_skipped:
+            out["check"]["float32_skipped"] = check.float32_skipped
     return out
 
 
@@ -300,6 +305,7 @@ def render(results: dict) -> str:
             f"{row['pte_bytes'] / 1e6:.0f}" if row.get("pte_bytes") else "-",
             f"{row['ptd_bytes'] / 1e6:.0f}" if row.get("ptd_bytes") else "-",
             ("passed" if check["passed"] else "FAILED") + f" {check['max_abs_error']:.1e} ({check['tolerance']:.0e})"
+            + _float32_text(check)
             if check else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -317,6 +323,14 @@ def render(results: dict) -> str:
         "benchmark timed the compile alone); it has no ratio.",
     ]
     return "\n".join(lines + notes) + "\n"
+
+
+def _float32_text(check: dict) -> str:
+    """The Core ML check's float32 re-check: its figures, or that it did not fit."""
+    if "float32" in check:
+        again = check["float32"]
+        return f"; float32: {'passed' if again['passed'] else 'FAILED'} {again['max_abs_error']:.1e} ({again['tolerance']:.0e})"
+    return "; float32: not run (memory)" if check.get("float32_skipped") else ""
 
 
 def _cell_key(row: dict) -> tuple:

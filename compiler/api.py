@@ -107,15 +107,16 @@ class CompileResult(_SavesProgram):
         options["compute_precision"] = "float32"
         config = attrs.evolve(self.config, backend_options=options)
         artifact = self.stages[start]
-        from compiler.process.memory import compile_bytes, refuse_unless_it_fits, tensor_bytes
+        from compiler.process.memory import RECHECK_RUN_PER_STATE_BYTE, compile_bytes, refuse_unless_it_fits, tensor_bytes
 
         program = artifact.program
         total, half = tensor_bytes([t for t in (*program.state_dict.values(), *program.constants.values())
                                     if isinstance(t, torch.Tensor)])
         target = BY_NAME[self.config.backend]
         refuse_unless_it_fits(
-            compile_bytes(total, half, True, target.lowering_memory),
-            "converting the partitions again computing in float32 (the check's float32 re-check)", stage="partition",
+            compile_bytes(total, half, True, target.lowering_memory) + int(RECHECK_RUN_PER_STATE_BYTE * total),
+            "converting the partitions again computing in float32 and running them (the check's float32 re-check)",
+            stage="partition",
         )
         if getattr(artifact, "searched", None) is not None:  # the dry run's search: float16's specs
             artifact = attrs.evolve(artifact, searched=None)
@@ -301,7 +302,7 @@ def compile(
                 backend_options=chosen.backend_options if backend_options is None else backend_options,
             )
             artifact, start_after = _eager_model(model, example_inputs, dynamic_shapes, calibration), None
-            from compiler.stages.quantize import check_calibration
+            from compiler.stages.quantize import check_calibration, coded_weights
 
             check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
             from compiler.process.memory import compile_bytes, freed_tensors_returned, refuse_unless_it_fits, tensor_bytes
@@ -310,8 +311,11 @@ def compile(
             freed_tensors_returned(total)
             if driving.memory_check and chosen.backend in BY_NAME:
                 target = BY_NAME[chosen.backend]
+                coded, tied = coded_weights(artifact.module, chosen.quantize, chosen.backend)
+                tied_ids = {id(t) for t in tied}
+                quantized = (*tensor_bytes(t for t in coded if id(t) not in tied_ids), sum(t.numel() for t in coded))
                 refuse_unless_it_fits(
-                    compile_bytes(total, half, target.no_bfloat16 is not None, target.lowering_memory),
+                    compile_bytes(total, half, target.no_bfloat16 is not None, target.lowering_memory, quantized),
                     f"compiling this model for {target.display_name}", stage="capture",
                     hint="quantize the model (a scheme holds 4- or 8-bit weights)" + (
                         f"; lowering to {target.display_name} holds {target.lowering_memory:g}x the float32 weights "

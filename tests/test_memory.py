@@ -104,6 +104,27 @@ def test_a_compile_the_machine_cannot_hold_is_refused_before_it_starts(monkeypat
     assert result.stopped_after == "emit"
 
 
+def test_the_memory_check_counts_the_weights_a_scheme_codes_as_codes(monkeypatch):
+    """A 3B Llama compiled with 4w for Core ML was refused (an estimate of 38.6 GB, every weight
+    widened to float32 and converted) although it compiled here at an 11.4 GB anonymous peak."""
+    import torch
+
+    import compiler
+    from compiler.ir.errors import InsufficientMemory
+    from compiler.process import memory
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 256, bias=False) for _ in range(4))).to(torch.bfloat16).eval()
+    inputs = (torch.randn(2, 256, dtype=torch.bfloat16),)
+    elements = 4 * 256 * 256
+    # Between the two estimates: float widens and converts 12 bytes a weight, 4w holds 3.
+    monkeypatch.setattr(memory, "available_bytes", lambda: 6 * elements)
+    with pytest.raises(InsufficientMemory, match="compiling this model for Core ML"):
+        compiler.compile(model, inputs, "coreml", cache=False, stop_after="capture")
+    result = compiler.compile(model, inputs, "coreml", cache=False, stop_after="capture", quantize="4w")
+    assert result.stopped_after == "capture"
+
+
 def test_a_checkpoint_too_large_to_read_is_refused_before_it_is_read(monkeypatch, tmp_path):
     from compiler.ir.errors import InsufficientMemory
     from compiler.models.checkpoint import load_checkpoint
@@ -127,9 +148,26 @@ def test_a_core_ml_check_without_memory_for_its_float32_recheck_says_so_instead_
     torch.manual_seed(0)
     model, inputs = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval(), (torch.randn(2, 64),)
     result = compiler.compile(model, inputs, "coreml", cache=False)
-    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(memory, "RECHECK_RUN_PER_STATE_BYTE", 1e15)  # more than any machine has
     check = compiler.compare_with_eager(result, model, inputs)
     assert check.at_float32 is None and "float32 re-check" in check.float32_skipped
     assert check.passed and "computing in float32: not checked: converting the partitions again" in check.describe()
     monkeypatch.undo()
     assert compiler.compare_with_eager(result, model, inputs).at_float32 is not None
+
+
+def test_a_check_whose_reference_run_the_machine_cannot_hold_is_refused_before_it_loads(monkeypatch):
+    """A 3B Core ML program's check reached a 23.2 GB peak on this 24 GB machine: a program the
+    reference executor cannot hold is a named error, not a process the kernel kills."""
+    import torch
+
+    import compiler
+    from compiler.ir.errors import InsufficientMemory
+    from compiler.process import memory
+
+    model, inputs = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval(), (torch.randn(2, 64),)
+    result = compiler.compile(model, inputs, "coreml", cache=False)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    with pytest.raises(InsufficientMemory, match="running the CoreMLBackend payloads in the reference executor") as error:
+        compiler.compare_with_eager(result, model, inputs)
+    assert error.value.stage == "run"

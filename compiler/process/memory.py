@@ -170,14 +170,37 @@ def tensor_bytes(tensors: Iterable) -> tuple[int, int]:
     return total, half
 
 
-def compile_bytes(total: int, half: int, widens_half: bool, lowering: float) -> int:
+# What a weight a scheme quantizes holds while the program is made, per element: its code (a
+# byte; TorchAO keeps 4-bit codes in int8), the payload's packed copy and the program's, with a
+# margin. Measured with Core ML's 4w on Llama-shaped checkpoints (tied embeddings, so the embedding
+# is also held in float): 5.4 GB of anonymous memory added at 1B (estimated 6.9 GB), 11.0 GB at 3B
+# (estimated 14.4 GB).
+QUANTIZED_BYTES_PER_WEIGHT = 3
+
+
+# What running a program in the reference executor holds, per byte of the program and its data
+# file: the bytes read, each payload's copy, and its weights decoded (4-bit codes a byte each),
+# besides each op's transient values. Measured: a 1B Llama's Core ML 4w program (1.22 GB) added
+# 4.5 GB at its float16 check.
+REFERENCE_RUN_PER_PROGRAM_BYTE = 4.0
+# What the Core ML check's float32 re-check holds besides its conversion, per byte of the program
+# state converted again: the float32 program's stages and its reference run. Measured: a 1B
+# Llama's 4w re-check added 8.0 GB of anonymous memory for 2.2 GB of state.
+RECHECK_RUN_PER_STATE_BYTE = 2.0
+
+
+def compile_bytes(total: int, half: int, widens_half: bool, lowering: float, quantized: tuple[int, int, int] = (0, 0, 0)) -> int:
     """What compiling a model of `total` bytes of weights (`half` of them half-precision, as
     `tensor_bytes` counts them) may add to the process: its half-precision weights stored again in
     float32 for a backend that computes in it (`widens_half`: twice their bytes), and what the
-    backend's lowering holds, `lowering` times the weights in float32. A quantize scheme is not
-    counted as saving: Core ML's conversion of a 4-bit model holds as much as a float one's."""
+    backend's lowering holds, `lowering` times the weights in float32. The weights a quantize
+    scheme turns into codes, `quantized` = (their bytes, the half-precision ones', their
+    elements), count `QUANTIZED_BYTES_PER_WEIGHT` each instead: they are never widened, and
+    the conversion holds their codes, not their float forms."""
+    coded, coded_half, elements = quantized
+    total, half = total - coded, half - coded_half
     float32 = total + half
-    return int((2 * half if widens_half else 0) + lowering * float32)
+    return int((2 * half if widens_half else 0) + lowering * float32 + QUANTIZED_BYTES_PER_WEIGHT * elements)
 
 
 def refuse_unless_it_fits(needed: int, doing: str, stage: str | None = None, hint: str = "") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 import tempfile
@@ -213,9 +214,18 @@ class LoadedProgram:
                 f"(this runtime has {', '.join(runtime.backend_registry.registered_backend_names)})",
             )
         self._reference = None
+        self._released_float16 = False
         if missing:
             from compiler.running.reference import ReferenceExecutor
 
+            from compiler.process.memory import REFERENCE_RUN_PER_PROGRAM_BYTE, refuse_unless_it_fits
+
+            size = len(loadable.data) + (len(loadable.weights) if loadable.weights is not None else 0)
+            refuse_unless_it_fits(
+                int(REFERENCE_RUN_PER_PROGRAM_BYTE * size),
+                f"running the {', '.join(missing)} payloads in the reference executor", stage="run",
+                hint="check on a machine with more memory, or run the program where its delegate runs",
+            )
             weights_bytes = loadable.weights.read() if loadable.weights is not None else None
             self._reference = ReferenceExecutor(loadable.data.read(), weights=weights_bytes)
             self._execute = self._reference.run
@@ -235,7 +245,18 @@ class LoadedProgram:
     @property
     def computes_in_float16(self) -> bool:
         """Whether a delegate run so far computes in float16 (known after the first run)."""
-        return self._reference is not None and self._reference.computes_in_float16
+        if self._reference is None:
+            return self._released_float16
+        return self._reference.computes_in_float16
+
+    def release(self) -> None:
+        """Drop the program and what runs it. A reference runner's program objects (coremltools'
+        MIL ops and vars) hold each other in cycles, so their weights would wait for the
+        collector: a check's eager runs would start with a 3B model's program still held."""
+        self._released_float16 = self.computes_in_float16
+        self._reference = None
+        self._execute = _released
+        gc.collect()
 
     def __call__(self, inputs: Sequence[Any], method: str = "forward") -> list[torch.Tensor]:
         leaves = list(pytree.tree_leaves(tuple(inputs)))
@@ -243,6 +264,10 @@ class LoadedProgram:
         # Cloned: an output may live in the program's planned memory, which the next run reuses.
         outputs = self._execute(leaves, method)
         return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
+
+
+def _released(inputs: Sequence[Any], method: str) -> list[torch.Tensor]:
+    raise RuntimeError("this LoadedProgram was released: load the program again to run it")
 
 
 def run(artifact: Any, inputs: Sequence[Any], weights: str | os.PathLike | None = None) -> list[torch.Tensor]:
@@ -563,6 +588,7 @@ def compare_at(
     cast to it, the error against the model as given reported as the precision error."""
     loaded = LoadedProgram(program, weights)
     actual = loaded(inputs)
+    loaded.release()  # before the eager runs: the two are never held at once
     quantized = _quantized_model(program)
     model = quantized if quantized is not None else module
     model_dtype = _model_dtype(model, inputs)

@@ -80,6 +80,19 @@ def check_calibration(options: QuantizeOptions, backend: str, calibration: Any) 
         )
 
 
+def coded_weights(module: torch.nn.Module, options: QuantizeOptions, backend: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The weights `options` turn into 4- or 8-bit codes on `backend` (each Linear's, for a scheme
+    that quantizes weights; a layer the stage leaves in float is counted as coded), and those of
+    them another layer also reads (a tied embedding: it stays in float beside its codes). The
+    memory check's estimate counts them as codes."""
+    chosen = chosen_scheme(options, backend)
+    if chosen is None or not chosen[0].weight_bits:
+        return [], []
+    coded = [m.weight for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    others = {id(p) for m in module.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
+    return coded, [w for w in coded if id(w) in others]
+
+
 def torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: str, bits: int = 4) -> Any:
     """The TorchAO config of a scheme on a backend: the stage's and the fuzzer's oracle's one source."""
     from torchao.quantization.granularity import PerAxis, PerGroup

@@ -86,6 +86,24 @@ def _static_shape(var) -> Optional[tuple[int, ...]]:
     return tuple(int(d) for d in shape)
 
 
+def _dropped_after(operations: Any, kept: list[str]) -> list[list[str]]:
+    """For each op, the values no later op reads (the function's outputs apart): a run frees
+    them there, so it holds the values live at once, not every weight it dequantized and every
+    activation it made (a 3B model's float16 weights alone are 6 GB)."""
+    last: dict[str, int] = {}
+    for index, op in enumerate(operations):
+        for var in op.outputs:
+            last[var.name] = index
+        for var in op.inputs.values():
+            for read in var if isinstance(var, (list, tuple)) else (var,):
+                last[read.name] = index
+    dropped: list[list[str]] = [[] for _ in operations]
+    for name, index in last.items():
+        if name not in kept:
+            dropped[index].append(name)
+    return dropped
+
+
 class MilInterpreter:
     """Runs the `main` function of one MIL program; `state` holds Core ML state by input name."""
 
@@ -96,6 +114,7 @@ class MilInterpreter:
         self.input_names = [n for n, v in self.function.inputs.items() if not _is_state(v)]
         self.state_names = [n for n, v in self.function.inputs.items() if _is_state(v)]
         self.output_names = [v.name for v in self.function.outputs]
+        self.dropped_after = _dropped_after(self.function.operations, self.output_names)
 
     @property
     def computes_in_float16(self) -> bool:
@@ -142,8 +161,10 @@ class MilInterpreter:
                     stage=STAGE, nodes=[name], hint=f"give every input of {self.input_names}",
                 )
             env[name] = self._check(var, np.asarray(inputs[name]), f"input {name!r}", cast=True)
-        for op in self.function.operations:
+        for op, dropped in zip(self.function.operations, self.dropped_after):
             self._run_op(op, env)
+            for name in dropped:
+                env.pop(name, None)
         return {name: env[name] for name in self.output_names}
 
     def _run_op(self, op: Any, env: dict[str, Any]) -> None:
