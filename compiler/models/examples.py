@@ -7,10 +7,12 @@ CLI as `name:key=value,...`) change their size.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import hashlib
 import importlib.util
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -167,15 +169,64 @@ def resolve_model(spec: str) -> tuple[nn.Module, tuple, Any]:
 
 def draw_inputs(spec: str, count: int) -> tuple[tuple, ...]:
     """`count` input tuples for calibration: the example inputs of the factory's draws 1..count.
-    A factory offers draws when it takes a `seed` keyword (the built-in models do)."""
+    A factory with a `seed` keyword is given the draw's number (the built-in models take one);
+    any other is called with torch's, numpy's and Python's global generators seeded to it, as
+    users write factories (`torch.randn(...)` inside), their states restored after. Draws that
+    repeat the same inputs are an error: calibration would see one input many times."""
     factory, kwargs = _factory(spec)
-    if not (getattr(factory, "draws_inputs", False) or "seed" in inspect.signature(factory).parameters):
-        raise UserInputError(
-            f"the model factory for {spec!r} offers no draws of inputs: it takes no `seed` keyword",
-            stage="quantize",
-            hint="give the factory a seed=0 keyword that seeds its random inputs, or pass --calibration FILE",
-        )
-    return tuple(tuple(_made(spec, factory, {**kwargs, "seed": seed})[1]) for seed in range(1, count + 1))
+    takes_seed = getattr(factory, "draws_inputs", False) or "seed" in inspect.signature(factory).parameters
+    drawn: list[tuple] = []
+    seen: dict[bytes, int] = {}
+    for seed in range(1, count + 1):
+        if takes_seed:
+            inputs = tuple(_made(spec, factory, {**kwargs, "seed": seed})[1])
+        else:
+            with _global_generators_seeded(seed):
+                inputs = tuple(_made(spec, factory, kwargs)[1])
+        digest = _inputs_digest(inputs)
+        if digest in seen:
+            how = "its `seed` keyword" if takes_seed else "the global generators seeded"
+            raise UserInputError(
+                f"the model factory for {spec!r} gave the same inputs for draws {seen[digest]} and {seed} "
+                f"(called with {how}): calibration would see one input",
+                stage="quantize",
+                hint="make the factory draw its inputs from torch's generator (torch.randn, torch.rand) or "
+                "from its `seed` keyword, or pass --calibration FILE (a torch.save'd list of input tuples)",
+            )
+        seen[digest] = seed
+        drawn.append(inputs)
+    return tuple(drawn)
+
+
+@contextlib.contextmanager
+def _global_generators_seeded(seed: int) -> Iterator[None]:
+    import random
+
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+def _inputs_digest(inputs: tuple) -> bytes:
+    """A digest of the input tensors' values (and of any other input's repr)."""
+    digest = hashlib.sha256()
+    for leaf in torch.utils._pytree.tree_leaves(inputs):
+        if isinstance(leaf, torch.Tensor):
+            tensor = leaf.detach().contiguous().cpu()
+            digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        else:
+            digest.update(repr(leaf).encode())
+    return digest.digest()
 
 
 def _made(spec: str, factory: Callable, kwargs: dict[str, Any]) -> tuple[nn.Module, tuple, Any]:

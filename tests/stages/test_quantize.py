@@ -145,12 +145,24 @@ def test_the_cli_quantizes_with_draws_and_with_a_calibration_file(tmp_path, caps
     assert "[quantize]" in err and "--calibration-draws" in err
 
 
-def test_draws_need_a_factory_that_takes_a_seed(tmp_path):
-    path = tmp_path / "fixed.py"
-    path.write_text("import torch\ndef make():\n    return torch.nn.Linear(4, 4), (torch.randn(1, 4),)\n")
-    with pytest.raises(compiler.UserInputError) as err:
-        draw_inputs(f"{path}:make", 2)
-    assert "seed" in str(err.value)
+def test_draws_come_from_a_factory_without_a_seed_keyword_and_a_repeated_draw_is_named(tmp_path):
+    """Users write `def make(): return model, (torch.randn(...),)`: each draw seeds the global
+    generators (and leaves them as they were); a factory whose inputs never change is an error."""
+    path = tmp_path / "factories.py"
+    path.write_text(
+        "import torch\n"
+        "def make():\n    return torch.nn.Linear(4, 4), (torch.randn(1, 4),)\n"
+        "def fixed():\n    return torch.nn.Linear(4, 4), (torch.ones(1, 4),)\n"
+    )
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first, second = draw_inputs(f"{path}:make", 2)
+    assert not torch.equal(first[0], second[0])
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(draw_inputs(f"{path}:make", 2), (first, second)))
+    with pytest.raises(compiler.UserInputError, match="same inputs for draws 1 and 2") as err:
+        draw_inputs(f"{path}:fixed", 3)
+    assert err.value.stage == "quantize" and "--calibration FILE" in err.value.hint
     first, second = draw_inputs("mlp", 2)
     assert not torch.equal(first[0], second[0])
 
