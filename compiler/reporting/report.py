@@ -72,6 +72,8 @@ def _kib(n: int) -> str:
 # Metric key (what a stage put in `ctx.metrics`) -> its value in words for the notes column.
 # The dry run's `skipped` and `because` values are sentences already.
 _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
+    # quantize
+    "conv1d_as_linear": lambda n: f"quantized {_count(n, 'Conv1D layer')} as the Linear it is (weight transposed)",
     # capture
     "constants_made_buffers": lambda n: f"made {_count(n, 'constant')} the model writes to into buffers",
     "selects_by_tensor": lambda n: f"rewrote {_count(n, 'select')} by a tensor value as index_select",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from typing import Any, Callable
 
 import attrs
@@ -116,16 +117,9 @@ def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
     """The backend's PT2E quantizer; portable's is XNNPACK's, whose annotations are plain
     quantized_decomposed ops the portable runtime's quantized kernels run."""
     if backend in ("xnnpack", "portable"):
-        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-            XNNPACKQuantizer,
-            get_symmetric_quantization_config,
-        )
+        from compiler.backends.xnnpack.quantizer import pt2e_quantizer
 
-        return XNNPACKQuantizer().set_global(
-            get_symmetric_quantization_config(
-                is_per_channel=granularity == PER_CHANNEL, is_dynamic=scheme.activations == schemes.DYNAMIC
-            )
-        )
+        return pt2e_quantizer(granularity == PER_CHANNEL, scheme.activations == schemes.DYNAMIC)
     import coremltools as ct
     from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
 
@@ -144,6 +138,31 @@ def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:
     weights on the copy, and the user's model keeps its own."""
     memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
     return copy.deepcopy(module, memo)
+
+
+def _is_conv1d(layer: torch.nn.Module) -> bool:
+    """transformers' `Conv1D` (GPT-2's layers): a Linear whose weight is stored (in, out), applied
+    with addmm. A model holding one has imported transformers already."""
+    pytorch_utils = sys.modules.get("transformers.pytorch_utils")
+    return pytorch_utils is not None and isinstance(layer, pytorch_utils.Conv1D)
+
+
+def _conv1d_as_linear(module: torch.nn.Module) -> int:
+    """Each Conv1D of `module` (a tree copy) replaced by the Linear it is, its weight the same
+    storage transposed, its bias the same: the schemes that take Linears take them (a scheme
+    left GPT-2 in float but its lm_head). Returns how many."""
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if not _is_conv1d(child):
+                continue
+            linear = torch.nn.Linear(child.weight.shape[0], child.nf, bias=child.bias is not None, device="meta")
+            linear.weight = torch.nn.Parameter(child.weight.detach().t(), requires_grad=False)
+            if child.bias is not None:
+                linear.bias = child.bias
+            setattr(parent, name, linear)
+            swapped += 1
+    return swapped
 
 
 def _one_dimensional_inputs(model: EagerModel) -> set[str]:
@@ -230,6 +249,11 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
             lambda layer, fqn: _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", set()),
         )
         metrics["embedding"] = options.embedding
+    if chosen is not None and any(_is_conv1d(m) for m in module.modules()):
+        if module is model.module:
+            module = _module_tree_copy(module)
+        metrics["conv1d_as_linear"] = _conv1d_as_linear(module)
+        model = attrs.evolve(model, module=module)
     if chosen is not None:
         scheme, granularity = chosen
         metrics.update(scheme=scheme.name, granularity=granularity)
