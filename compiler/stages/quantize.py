@@ -120,17 +120,9 @@ def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
         from compiler.backends.xnnpack.quantizer import pt2e_quantizer
 
         return pt2e_quantizer(granularity == PER_CHANNEL, scheme.activations == schemes.DYNAMIC)
-    import coremltools as ct
-    from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+    from compiler.backends.coreml.quantizer import pt2e_quantizer
 
-    activation = torch.quint8 if scheme.activations == schemes.STATIC else torch.float32
-    config = ct.optimize.torch.quantization.LinearQuantizerConfig(
-        global_config=ct.optimize.torch.quantization.ModuleLinearQuantizerConfig(
-            quantization_scheme="symmetric", activation_dtype=activation, weight_dtype=torch.qint8,
-            weight_per_channel=True,
-        )
-    )
-    return CoreMLQuantizer(config)
+    return pt2e_quantizer(scheme.activations == schemes.STATIC)
 
 
 def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:

@@ -1,4 +1,5 @@
-"""XNNPACK's PT2E quantizer, with its scalar operands kept where they are integers.
+"""XNNPACK's PT2E quantizer, with its scalar operands kept where they are integers and no
+annotation on a value that is not floating point (`compiler.backends.pt2e`).
 
 ExecuTorch 1.5.1's `XNNPACKQuantizer.transform_for_annotation` turns every scalar operand of an
 `add` or `mul` into a float32 tensor constant, so the op can carry a quantization annotation. On
@@ -16,6 +17,8 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     get_symmetric_quantization_config,
 )
 
+from compiler.backends.pt2e import drop_unquantizable_annotations
+
 _SCALAR_OPERAND_OPS = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
 
 
@@ -25,6 +28,13 @@ def _computes_floating(node: torch.fx.Node) -> bool:
 
 
 class IntegerSafeXnnpackQuantizer(XNNPACKQuantizer):
+    """XNNPACK's quantizer, quantizing floating-point values only and leaving integer ops as they compute."""
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        model = super().annotate(model)
+        drop_unquantizable_annotations(model)
+        return model
+
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         integer_ops = {
             node: node.args for node in model.graph.nodes

@@ -1,0 +1,32 @@
+"""Core ML's PT2E quantizer (ExecuTorch's CoreMLQuantizer over coremltools' configuration),
+annotating floating-point values only (`compiler.backends.pt2e`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from compiler.backends.pt2e import drop_unquantizable_annotations
+
+
+def pt2e_quantizer(static_activations: bool) -> Any:
+    """Symmetric int8 weights per channel; activations int8 from calibration when
+    `static_activations`, else float."""
+    import coremltools as ct
+    from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+
+    class FloatOnlyCoreMLQuantizer(CoreMLQuantizer):
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            model = super().annotate(model)
+            drop_unquantizable_annotations(model)
+            return model
+
+    activation = torch.quint8 if static_activations else torch.float32
+    config = ct.optimize.torch.quantization.LinearQuantizerConfig(
+        global_config=ct.optimize.torch.quantization.ModuleLinearQuantizerConfig(
+            quantization_scheme="symmetric", activation_dtype=activation, weight_dtype=torch.qint8,
+            weight_per_channel=True,
+        )
+    )
+    return FloatOnlyCoreMLQuantizer(config)
