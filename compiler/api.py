@@ -317,9 +317,13 @@ def compile(
                 refuse_unless_it_fits(
                     compile_bytes(total, half, target.no_bfloat16 is not None, target.lowering_memory, quantized),
                     f"compiling this model for {target.display_name}", stage="capture",
-                    hint="quantize the model (a scheme holds 4- or 8-bit weights)" + (
+                    hint=(
+                        "quantize the model (a scheme holds 4- or 8-bit weights)" if not coded
+                        else "the estimate counts the weights the scheme codes at 3 bytes each and the rest as "
+                        "float32 (--quantize-embedding codes embedding tables too)"
+                    ) + (
                         f"; lowering to {target.display_name} holds {target.lowering_memory:g}x the float32 weights "
-                        "even so" if target.lowering_memory > 1 else ""
+                        "it does not code" if target.lowering_memory > 1 else ""
                     ),
                 )
 

@@ -123,6 +123,10 @@ def test_the_memory_check_counts_the_weights_a_scheme_codes_as_codes(monkeypatch
         compiler.compile(model, inputs, "coreml", cache=False, stop_after="capture")
     result = compiler.compile(model, inputs, "coreml", cache=False, stop_after="capture", quantize="4w")
     assert result.stopped_after == "capture"
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    with pytest.raises(InsufficientMemory) as error:  # already quantized: the hint does not say to quantize
+        compiler.compile(model, inputs, "coreml", cache=False, stop_after="capture", quantize="4w")
+    assert "quantize the model" not in error.value.hint and "3 bytes each" in error.value.hint
 
 
 def test_a_checkpoint_too_large_to_read_is_refused_before_it_is_read(monkeypatch, tmp_path):
