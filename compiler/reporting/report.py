@@ -104,6 +104,7 @@ _METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
     "search_handed_on_s": lambda s: f"handed its partition search ({s:.2f} s) on to the partition stage",
     # decompose
     "from_dry_run": lambda _: "the dry run's decomposition, which kept exactly these ops whole",
+    "retraced": lambda why: f"decomposed by torch's retrace (node by node failed: {why})",
     # partition
     "search_from_dry_run": lambda _: "the dry run's partition search of this very program",
     "program_state": lambda names: f"kept state other methods write the program's (not a delegate's constant): {names}",

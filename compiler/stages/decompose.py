@@ -401,7 +401,8 @@ def _restore_functionalized_twins(program: ExportedProgram, originals: dict) -> 
 
 
 def decompose(
-    program: ExportedProgram, keep_nodes: frozenset[str] | set[str], by_node: bool = True
+    program: ExportedProgram, keep_nodes: frozenset[str] | set[str], by_node: bool = True,
+    fallbacks: list[str] | None = None,
 ) -> tuple[ExportedProgram, list[torch._ops.OpOverload]]:
     """Decompose to core ATen except the nodes named; returns the program and the ops kept.
 
@@ -418,7 +419,7 @@ def decompose(
     try:
         # Node by node where that is provably the same as torch's whole-program retrace (it is
         # most of an MLX compile of a deep stack); torch's otherwise.
-        decomposed = decompose_by_node(program, table) if by_node else None
+        decomposed = decompose_by_node(program, table, fallbacks) if by_node else None
         if decomposed is None:
             decomposed = program.run_decompositions(table)
     finally:
@@ -430,10 +431,13 @@ def decompose(
     return decomposed, sorted({node.target for node in kept}, key=str)
 
 
-def to_edge_program(program: ExportedProgram, keep_nodes: frozenset[str] | set[str]) -> EdgeProgram:
-    """The Edge program for `program`, keeping whole the nodes named (the dry run uses this too)."""
+def to_edge_program(
+    program: ExportedProgram, keep_nodes: frozenset[str] | set[str], fallbacks: list[str] | None = None
+) -> EdgeProgram:
+    """The Edge program for `program`, keeping whole the nodes named (the dry run uses this too);
+    why node-by-node decomposition fell back to torch's retrace goes in `fallbacks`."""
     with unbacked_symbols_kept_in(program):
-        decomposed, preserved = decompose(program, keep_nodes)
+        decomposed, preserved = decompose(program, keep_nodes, fallbacks=fallbacks)
         edge, _ = generate_edge_program(decomposed, preserved)
     return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
 
@@ -446,5 +450,9 @@ class Decompose(Stage, takes=PlannedProgram, returns=EdgeProgram):
         if planned.decomposed is not None:
             ctx.metrics["from_dry_run"] = True
             return planned.decomposed
+        fallbacks: list[str] = []
         with ctx.program_checks_skipped():
-            return to_edge_program(planned.program, planned.keep_whole.nodes)
+            edge = to_edge_program(planned.program, planned.keep_whole.nodes, fallbacks)
+        if fallbacks:
+            ctx.metrics["retraced"] = fallbacks[0]
+        return edge

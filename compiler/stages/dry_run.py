@@ -214,14 +214,15 @@ def _aten_origin(node: torch.fx.Node) -> str:
 
 
 def dry_run(
-    program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], state: frozenset[str] = frozenset()
+    program: ExportedProgram, backend: Backend, kept: list[torch.fx.Node], state: frozenset[str] = frozenset(),
+    fallbacks: list[str] | None = None,
 ) -> tuple[dict[str, str], EdgeProgram, dict[str, float]]:
     """Decompose as the decompose stage will, partition, and say which kept nodes to drop
     (ATen node name -> why it is decomposed after all); also the decomposition made, with
     its partition search in `searched`, and the seconds each took."""
     names = {n.name for n in kept}
     start = time.perf_counter()
-    edge = to_edge_program(program, names)
+    edge = to_edge_program(program, names, fallbacks)
     decomposing = time.perf_counter() - start
     # The search runs on a copy (the backend may rewrite what it partitions, as Core ML
     # does with rank-6 chains), so the Edge program stays a pure decomposition.
@@ -273,8 +274,11 @@ class DryRun(Stage, takes=AtenProgram, returns=PlannedProgram):
             ctx.metrics["skipped"] = skipped
             return PlannedProgram(program, KeepWholePlan(frozenset(n.name for n in kept), refused, skipped))
         ctx.metrics["because"] = because
+        fallbacks: list[str] = []
         with ctx.program_checks_skipped():
-            dropped, edge, seconds = dry_run(program, ctx.backend, kept, ctx.program_state)
+            dropped, edge, seconds = dry_run(program, ctx.backend, kept, ctx.program_state, fallbacks)
+        if fallbacks:
+            ctx.metrics["retraced"] = fallbacks[0]
         plan = KeepWholePlan(frozenset(n.name for n in kept) - set(dropped), {**refused, **dropped})
         ctx.metrics["kept"] = len(plan.nodes)
         if dropped:

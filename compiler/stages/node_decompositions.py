@@ -556,9 +556,11 @@ def _substitute(value, env):
     return value
 
 
-def decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProgram | None:
+def decompose_by_node(program: ExportedProgram, table: Mapping, fallbacks: list[str] | None = None) -> ExportedProgram | None:
     """`program.run_decompositions(table)`, made node by node; None when `program` is not one
-    this path takes (the caller then runs torch's)."""
+    this path takes (the caller then runs torch's). A failure this path did not foresee is
+    handled the same way, said in one line in `fallbacks` (the stage's row), its traceback
+    only in the debug log."""
     why = why_ineligible(program)
     if why:
         logger.debug("decomposing by torch's retrace: %s", why)
@@ -568,8 +570,11 @@ def decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProgr
     except _NotExact as exc:
         logger.debug("decomposing by torch's retrace: %s", exc)
         return None
-    except Exception:  # a form this path did not foresee: torch's retrace, as before
-        logger.warning("decomposing node by node failed; decomposing by torch's retrace", exc_info=True)
+    except Exception as exc:  # a form this path did not foresee: torch's retrace, as before
+        logger.debug("decomposing node by node failed; decomposing by torch's retrace", exc_info=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if fallbacks is not None:
+            fallbacks.append(f"{type(exc).__name__}: {first}"[:200])
         return None
 
 
@@ -628,9 +633,12 @@ def _decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProg
         raise _NotExact("outputs do not match the signature")
     names = _placeholder_names(old_signature)
     for node in graph.nodes:
-        if node.op == "placeholder" and names[node.name] != node.name:
-            node.name = node.target = names[node.name]
-            if node.name != names[old_names.get(node, node.name)]:
+        # By the old placeholder's name: a new graph renames one named like a builtin (a
+        # Sequential's `input` becomes `input_1`), which the signature does not know.
+        wanted = names[old_names[node]] if node.op == "placeholder" else node.name
+        if wanted != node.name:
+            node.name = node.target = wanted
+            if node.name != wanted:
                 raise _NotExact("a placeholder could not take its name")
     signature = ExportGraphSignature(
         input_specs=[

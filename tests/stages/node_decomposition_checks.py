@@ -18,7 +18,7 @@ def program_to_decompose(model, inputs, backend: str):
     seen = []
     original = decompose_module.decompose
 
-    def spy(program, keep_nodes, by_node=True):
+    def spy(program, keep_nodes, by_node=True, fallbacks=None):
         seen.append((program, frozenset(keep_nodes)))
         raise _Captured
 

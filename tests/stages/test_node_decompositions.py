@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
+import compiler
 from compiler.models import examples
 from compiler.stages import node_decompositions
 from compiler.stages.decompose import decompose
@@ -123,6 +124,8 @@ PROGRAMS = {
     "views": _seeded(Views, lambda: torch.randn(6, 12)),
     "addmul": _seeded(AddMul, lambda: torch.randn(2, 8)),
     "buffers_and_constants": _seeded(BuffersAndConstants, lambda: torch.randn(6, 6), lambda: torch.tensor([[0, 5], [2, 2]])),
+    # Its input is named `input`, which a new fx graph renames `input_1` (a Python builtin).
+    "sequential": _seeded(lambda: torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()), lambda: torch.randn(2, 16)),
 }
 
 
@@ -136,6 +139,7 @@ DEFAULT = [
     ("views", "xnnpack"),
     ("addmul", "portable"),
     ("buffers_and_constants", "mlx"),
+    ("sequential", "coreml"),
 ]
 EVERY = [
     pytest.param(name, backend, marks=() if (name, backend) in DEFAULT else pytest.mark.slow)
@@ -363,3 +367,43 @@ def test_the_recipes_remembered_are_bounded(monkeypatch):
     reference, ours = both_paths(program, keep)
     assert len(node_decompositions._RECIPES) <= 8
     assert_same(reference, ours, inputs)
+
+
+def test_a_codebook_program_is_decomposed_node_by_node(monkeypatch):
+    """A 4-bit codebook MLP on Core ML fell back with `KeyError: 'input_1'` (its Sequential's input)."""
+    outcomes = []
+    original = node_decompositions._decompose_by_node
+
+    def spy(*args, **kwargs):
+        try:
+            result = original(*args, **kwargs)
+        except Exception as exc:
+            outcomes.append(repr(exc))
+            raise
+        outcomes.append(result is not None)
+        return result
+
+    monkeypatch.setattr(node_decompositions, "_decompose_by_node", spy)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).eval()
+    result = compiler.compile(model, (torch.randn(2, 64),), "coreml", quantize="codebook", quantize_group_size=16, cache=False)
+    assert outcomes and all(taken is True for taken in outcomes), outcomes
+    rows = {row.stage: row.metrics for row in result.report.stages}
+    assert "retraced" not in rows["dry_run"] and "retraced" not in rows.get("decompose", {})
+
+
+def test_an_unforeseen_failure_falls_back_in_one_line_without_a_traceback(monkeypatch, capsys, caplog):
+    from compiler.stages import node_decompositions
+
+    def failing(program, table):
+        raise KeyError("somewhere")
+
+    monkeypatch.setattr(node_decompositions, "_decompose_by_node", failing)
+    model, inputs = PROGRAMS["mlp"]()
+    with caplog.at_level("INFO"):
+        result = compiler.compile(model, inputs, "xnnpack", cache=False)
+    notes = {row.stage: row.metrics.get("retraced") for row in result.report.stages}
+    assert "KeyError: 'somewhere'" in (notes["dry_run"] or notes.get("decompose") or "")
+    shown = capsys.readouterr()
+    assert "Traceback" not in shown.out + shown.err
+    assert not [r for r in caplog.records if r.exc_info and r.levelno >= 20]
