@@ -153,6 +153,31 @@ def mutated_buffer_targets(ep: ExportedProgram) -> set[str]:
     return set(ep.graph_signature.buffers_to_mutate.values())
 
 
+def drop_unread_constants(ep: ExportedProgram, buffers: bool = True) -> int:
+    """Parameters, buffers (unless `buffers` is False: another method may share them) and lifted
+    constants no node reads, removed with their data (a buffer the program writes is kept);
+    returns their bytes. ExecuTorch's emitter writes every constant
+    the signature lists: TorchAO's codebook codes, read only by an `_assert_tensor_metadata` the
+    Edge dialect drops, went into the .pte beside the Core ML delegate's own copy."""
+    specs = ep.graph_signature.input_specs
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    mutated = mutated_buffer_targets(ep)
+    removed = 0
+    for spec in list(specs):
+        node = placeholders.get(spec.arg.name)
+        if node is None or node.users or spec.kind == InputKind.USER_INPUT or spec.target in mutated:
+            continue
+        if spec.kind == InputKind.BUFFER and not buffers:
+            continue
+        store = ep.state_dict if spec.target in ep.state_dict else ep.constants
+        value = store.pop(spec.target, None)
+        if isinstance(value, torch.Tensor):
+            removed += value.numel() * value.element_size()
+        specs.remove(spec)
+        ep.graph.erase_node(node)
+    return removed
+
+
 def graph_text(ep: ExportedProgram) -> str:
     return ep.graph_module.print_readable(print_output=False, include_stride=False, include_device=False)
 

@@ -41,7 +41,7 @@ from compiler.stages.options import FoldOptions
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import ATEN, EDGE, op_from_name
 from compiler.ir.errors import UserInputError
-from compiler.ir.graph import copy_program, lift_constant, mutated_buffer_targets, written_arguments
+from compiler.ir.graph import copy_program, drop_unread_constants, lift_constant, mutated_buffer_targets, written_arguments
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.ir.private_api import aten_overload, edge_ops, quant_primitives
 from compiler.stages.base import Stage, StageContext
@@ -267,19 +267,7 @@ class _Constants:
         return f"_folded_constant_{index}"
 
     def remove_unused(self) -> None:
-        specs = self.ep.graph_signature.input_specs
-        placeholders = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
-        mutated = mutated_buffer_targets(self.ep)
-        for spec in list(specs):
-            node = placeholders.get(spec.arg.name)
-            if node is None or node.users or spec.kind == InputKind.USER_INPUT or spec.target in mutated:
-                continue
-            store = self.ep.state_dict if spec.target in self.ep.state_dict else self.ep.constants
-            value = store.pop(spec.target, None)
-            if isinstance(value, torch.Tensor):
-                self.bytes_removed += _nbytes(value)
-            specs.remove(spec)
-            self.ep.graph.erase_node(node)
+        self.bytes_removed += drop_unread_constants(self.ep)
 
 
 def needs_folding(
