@@ -67,6 +67,8 @@ class Tolerance:
 
     absolute: float
     rule: str
+    # How many quantized activations the tolerance allows one step each (0: none).
+    activation_quantizers: int = 0
 
     @classmethod
     def given(cls, absolute: float) -> "Tolerance":
@@ -92,7 +94,8 @@ class Tolerance:
         if not rounding:
             return self
         return Tolerance(
-            self.absolute + rounding, f"{self.rule}; + {rounding:.3g}, half a {dtype} ulp at the largest output"
+            self.absolute + rounding, f"{self.rule}; + {rounding:.3g}, half a {dtype} ulp at the largest output",
+            self.activation_quantizers,
         )
 
     def with_activation_steps(self, deviation: float, quantizers: int, steps: tuple[float, float], draws: int) -> "Tolerance":
@@ -103,4 +106,5 @@ class Tolerance:
             f"{self.rule}; + {deviation:.3g}, the largest change of the eager quantized model's outputs "
             f"with each of its {quantizers} activation quantizers' results moved one step (steps "
             f"{steps[0]:.3g} to {steps[1]:.3g}; random signs, {draws} draws)",
+            quantizers,
         )

@@ -122,3 +122,23 @@ def test_a_quantized_bfloat16_model_computing_in_float32_gets_its_activation_ste
     check = compiler.compare_with_eager(result, model, (inputs[0].to(torch.bfloat16),))
     assert "activation quantizers' results moved one step" in check.tolerance.rule, check.tolerance.rule
     assert check.passed, check.describe()
+
+
+def test_a_float16_program_over_its_requantization_tolerance_is_judged_at_float32():
+    """ACT int8_static on Core ML: 0.446 against a float16 tolerance of 0.264 (269 requantizations),
+    0.069 against 0.254 at float32. float16 rounding is named the cause, with both figures."""
+    from compiler.running.runtime import CheckResult
+    from compiler.running.tolerance import Tolerance
+
+    one_step = Tolerance.for_precision("float16", 0.984, by_delegate=True).with_activation_steps(0.254, 269, (1e-7, 0.23), 4)
+    at_float32 = CheckResult(0.0692, 1.0, 1, 0.984, Tolerance.for_precision("float32", 0.984).with_activation_steps(0.254, 269, (1e-7, 0.23), 4))
+    judged = CheckResult(0.446, 1.0, 1, 0.984, one_step, at_float32=at_float32)
+    assert judged.passed and judged.judged_at_float32
+    text = judged.describe()
+    assert "over its float16 tolerance" in text and "MISMATCH" not in text.splitlines()[0]
+    assert "float16 rounding is the cause" in text and "0.446" in text and "0.0692" in text and "269 requantizations" in text
+    # Without quantized activations, or with float32 failing too, float16's failure stands.
+    plain = CheckResult(0.446, 1.0, 1, 0.984, Tolerance.for_precision("float16", 0.984, by_delegate=True), at_float32=at_float32)
+    assert not plain.passed and "MISMATCH" in plain.describe()
+    failing = CheckResult(0.446, 1.0, 1, 0.984, one_step, at_float32=CheckResult(0.5, 1.0, 1, 0.984, at_float32.tolerance))
+    assert not failing.passed and not failing.judged_at_float32
