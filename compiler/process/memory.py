@@ -178,11 +178,6 @@ def tensor_bytes(tensors: Iterable) -> tuple[int, int]:
 QUANTIZED_BYTES_PER_WEIGHT = 3
 
 
-# What running a program in the reference executor holds, per byte of the program and its data
-# file: the bytes read, each payload's copy, and its weights decoded (4-bit codes a byte each),
-# besides each op's transient values. Measured: a 1B Llama's Core ML 4w program (1.22 GB) added
-# 4.5 GB at its float16 check.
-REFERENCE_RUN_PER_PROGRAM_BYTE = 4.0
 # What the Core ML check's float32 re-check holds besides its conversion, per byte of the program
 # state converted again: the float32 program's stages and its reference run. Measured: a 1B
 # Llama's 4w re-check added 8.0 GB of anonymous memory for 2.2 GB of state.

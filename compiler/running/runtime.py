@@ -218,11 +218,12 @@ class LoadedProgram:
         if missing:
             from compiler.running.reference import ReferenceExecutor
 
-            from compiler.process.memory import REFERENCE_RUN_PER_PROGRAM_BYTE, refuse_unless_it_fits
+            from compiler.process.memory import refuse_unless_it_fits
 
             size = len(loadable.data) + (len(loadable.weights) if loadable.weights is not None else 0)
+            per_byte = max(BY_DELEGATE_ID[d].reference_run_memory for d in missing)
             refuse_unless_it_fits(
-                int(REFERENCE_RUN_PER_PROGRAM_BYTE * size),
+                int(per_byte * size),
                 f"running the {', '.join(missing)} payloads in the reference executor", stage="run",
                 hint="check on a machine with more memory, or run the program where its delegate runs",
             )
