@@ -153,22 +153,24 @@ def mutated_buffer_targets(ep: ExportedProgram) -> set[str]:
     return set(ep.graph_signature.buffers_to_mutate.values())
 
 
-def drop_unread_constants(ep: ExportedProgram, buffers: bool = True) -> int:
-    """Parameters, buffers (unless `buffers` is False: another method may share them) and lifted
-    constants no node reads, removed with their data (a buffer the program writes is kept);
-    returns their bytes. ExecuTorch's emitter writes every constant
-    the signature lists: TorchAO's codebook codes, read only by an `_assert_tensor_metadata` the
-    Edge dialect drops, went into the .pte beside the Core ML delegate's own copy."""
+def drop_unread_constants(ep: ExportedProgram) -> int:
+    """Parameters, buffers and lifted constants no node reads (an `_assert_tensor_metadata` of
+    one does not count: it goes with it), removed with their data; a buffer the program writes
+    is kept. Returns their bytes. ExecuTorch's emitter writes every constant the signature lists:
+    TorchAO's codebook codes, read after the fold only by such an assert, went into the .pte
+    beside the Core ML delegate's own copy."""
     specs = ep.graph_signature.input_specs
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     mutated = mutated_buffer_targets(ep)
     removed = 0
     for spec in list(specs):
         node = placeholders.get(spec.arg.name)
-        if node is None or node.users or spec.kind == InputKind.USER_INPUT or spec.target in mutated:
+        if node is None or spec.kind == InputKind.USER_INPUT or spec.target in mutated:
             continue
-        if spec.kind == InputKind.BUFFER and not buffers:
+        if any(user.target is not torch.ops.aten._assert_tensor_metadata.default for user in node.users):
             continue
+        for assertion in list(node.users):
+            ep.graph.erase_node(assertion)
         store = ep.state_dict if spec.target in ep.state_dict else ep.constants
         value = store.pop(spec.target, None)
         if isinstance(value, torch.Tensor):

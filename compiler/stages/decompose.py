@@ -49,7 +49,7 @@ from torch.utils import _pytree as pytree
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir import kernel_fixes
 from compiler.ir.dialect import op_name
-from compiler.ir.graph import call_nodes, drop_unread_constants
+from compiler.ir.graph import call_nodes
 from compiler.ir.private_api import (
     default_decomposition_table,
     no_decompose_op,
@@ -439,10 +439,6 @@ def to_edge_program(
     with unbacked_symbols_kept_in(program):
         decomposed, preserved = decompose(program, keep_nodes, fallbacks=fallbacks)
         edge, _ = generate_edge_program(decomposed, preserved)
-    # What only the ATen dialect's metadata asserts read is read by nothing now (buffers stay:
-    # the state of a program of several methods is planned in each).
-    if drop_unread_constants(edge, buffers=False):
-        edge.graph_module.recompile()
     return EdgeProgram(edge, tuple(op_name(op) for op in preserved))
 
 
