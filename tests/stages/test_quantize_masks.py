@@ -45,7 +45,8 @@ def test_the_stock_quantizer_observes_the_bool_mask(model):
         prepared(*inputs)
 
 
-@pytest.mark.parametrize("backend", ["xnnpack", "portable", "coreml"])
+@pytest.mark.parametrize("backend", ["xnnpack", pytest.param("portable", marks=pytest.mark.slow),
+                                     pytest.param("coreml", marks=pytest.mark.slow)])
 def test_int8_static_leaves_masks_and_float64_alone(model, backend):
     from compiler.backends import pt2e
 
