@@ -3,11 +3,45 @@ annotating floating-point values only (`compiler.backends.pt2e`)."""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import functools
+from typing import Any, Callable
 
 import torch
 
 from compiler.backends.pt2e import drop_unquantizable_annotations
+
+
+# ExecuTorch's CoreMLQuantizer builds the graph of each pattern it matches (a conv, linear or
+# binary op, with each activation it may fuse) with torch.export at every `annotate`: 2.5-8
+# minutes a call on a real model. A pattern's graph depends only on its maker's arguments.
+_PATTERN_MAKERS = (
+    "get_conv_pattern", "get_conv_bn_pattern", "get_linear_pattern", "get_linear_bn_pattern",
+    "get_binary_op_act_pattern",
+)
+
+
+def _made_once(maker: Callable) -> Callable:
+    """`maker` memoized, handing out a copy: the matcher rewrites the pattern graph it is given
+    (it splits its output tuple)."""
+    made = functools.cache(maker)
+
+    @functools.wraps(maker)
+    def copy_of_made(*args: Any, **kwargs: Any) -> Any:
+        return copy.deepcopy(made(*args, **kwargs))
+
+    copy_of_made.made_once = True
+    return copy_of_made
+
+
+def _pattern_graphs_made_once() -> None:
+    """Each pattern graph made once per process, where the quantizer looks its makers up."""
+    from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as makers
+
+    for name in _PATTERN_MAKERS:
+        maker = getattr(makers, name)
+        if not getattr(maker, "made_once", False):
+            setattr(makers, name, _made_once(maker))
 
 
 def pt2e_quantizer(static_activations: bool) -> Any:
@@ -15,6 +49,8 @@ def pt2e_quantizer(static_activations: bool) -> Any:
     `static_activations`, else float."""
     import coremltools as ct
     from executorch.backends.apple.coreml.quantizer import CoreMLQuantizer
+
+    _pattern_graphs_made_once()
 
     class FloatOnlyCoreMLQuantizer(CoreMLQuantizer):
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
