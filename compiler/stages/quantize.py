@@ -36,9 +36,12 @@ STAGE = "quantize"
 def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] | None:
     """The scheme and granularity `options` ask of `backend` (None: no quantization); a
     `UserInputError` for a scheme or granularity the backend does not take."""
+    if options.embedding is not None and backend == "portable":  # TorchAO's embedding ops, scheme or not
+        raise UserInputError(
+            f"quantize_embedding on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE,
+            hint="leave quantize_embedding out on portable, or compile for xnnpack, coreml or mlx",
+        )
     if options.scheme is None:
-        if options.embedding is not None and backend == "portable":
-            raise UserInputError(f"quantize_embedding on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE)
         return None
     scheme = schemes.BY_NAME[options.scheme]
     takes = scheme.granularities(backend)

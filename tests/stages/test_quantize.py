@@ -42,6 +42,8 @@ def test_a_static_scheme_without_calibration_fails_before_any_stage(model):
         ("coreml", {"quantize": "int8_dynamic"}, "for coreml use one of: int8_static, int8_weight, 4w, 8w, codebook"),
         ("xnnpack", {"quantize": "int8_dynamic", "quantize_granularity": "per_group"}, "takes granularity per_channel"),
         ("portable", {"quantize": "8da4w"}, PORTABLE_ANSWER),
+        # With a scheme too: the fuzzer's quantize axis reached partition's kernel check with it.
+        ("portable", {"quantize": "int8_dynamic", "quantize_embedding": "4w"}, "quantize_embedding on portable"),
         ("xnnpack", {"quantize": "8da4w", "quantize_group_size": 16}, "group sizes that are a multiple of 32"),
     ],
 )
