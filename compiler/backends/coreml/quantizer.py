@@ -39,8 +39,8 @@ def _pattern_graphs_made_once() -> None:
     from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as makers
 
     for name in _PATTERN_MAKERS:
-        maker = getattr(makers, name)
-        if not getattr(maker, "made_once", False):
+        maker = getattr(makers, name, None)  # another ExecuTorch may name them otherwise: no cache, as stock
+        if maker is not None and not getattr(maker, "made_once", False):
             setattr(makers, name, _made_once(maker))
 
 
