@@ -464,6 +464,42 @@ def coreml_unsupported_op_targets() -> frozenset:
     return coreml_partitioner._UNSUPPORTED_OP_TARGETS
 
 
+# The pattern makers of ExecuTorch's CoreMLQuantizer (`_coreml_quantizer_utils`).
+_COREML_PATTERN_MAKERS = (
+    "get_conv_pattern", "get_conv_bn_pattern", "get_linear_pattern", "get_linear_bn_pattern",
+    "get_binary_op_act_pattern",
+)
+
+
+def _made_once(maker: Callable) -> Callable:
+    """`maker` memoized, handing out a copy: the matcher rewrites the pattern graph it is given
+    (it splits its output tuple)."""
+    import copy
+
+    made = functools.cache(maker)
+
+    @functools.wraps(maker)
+    def copy_of_made(*args: Any, **kwargs: Any) -> Any:
+        return copy.deepcopy(made(*args, **kwargs))
+
+    copy_of_made.made_once = True
+    return copy_of_made
+
+
+def coreml_pattern_graphs_made_once() -> None:
+    """ExecuTorch's CoreMLQuantizer builds the graph of each pattern it matches (a conv, linear
+    or binary op with each activation it may fuse) with torch.export at every `annotate`: 2.5-8
+    minutes a call on a real model. A pattern's graph depends only on its maker's arguments: the
+    makers are memoized where the quantizer looks them up (`_coreml_quantizer_utils`, a private
+    module; a maker another version lacks is left alone). Checked against executorch 1.5.1."""
+    from executorch.backends.apple.coreml.quantizer import _coreml_quantizer_utils as makers
+
+    for name in _COREML_PATTERN_MAKERS:
+        maker = getattr(makers, name, None)
+        if maker is not None and not getattr(maker, "made_once", False):
+            setattr(makers, name, _made_once(maker))
+
+
 def coreml_is_arg_min_max_over_flattened_input(node: Any) -> bool:
     """Stock's check for an argmin/argmax over all elements, which Core ML crashes on
     (`_is_arg_min_max_over_flattened_input`). Checked against executorch 1.5.1."""
