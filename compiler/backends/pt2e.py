@@ -4,7 +4,8 @@ XNNPACK's and Core ML's quantizers annotate ops by kind: a `cat`, a `view` after
 op, an `add` or `mul` shares its inputs' quantization whatever their dtype. pi0 concatenates its
 bool padding masks with `torch.cat`, so an observer lands on a bool tensor, and calibration or
 convert fails: `"linspace_cpu" not implemented for 'Bool'`, `fake_quantize ... not implemented
-for 'Bool'`. Only floating-point values are quantized: annotations on the others are dropped.
+for 'Bool'`. Only float32 and half-precision values are quantized: annotations on the others
+(bool, integer, float64) are dropped.
 """
 
 from __future__ import annotations

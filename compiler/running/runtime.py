@@ -255,9 +255,10 @@ class LoadedProgram:
         MIL ops and vars) hold each other in cycles, so their weights would wait for the
         collector: a check's eager runs would start with a 3B model's program still held."""
         self._released_float16 = self.computes_in_float16
-        self._reference = None
+        referenced, self._reference = self._reference is not None, None
         self._execute = _released
-        gc.collect()
+        if referenced:  # ExecuTorch's own runtime frees its program at once: no collection needed
+            gc.collect()
 
     def __call__(self, inputs: Sequence[Any], method: str = "forward") -> list[torch.Tensor]:
         leaves = list(pytree.tree_leaves(tuple(inputs)))
