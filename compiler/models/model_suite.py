@@ -188,12 +188,13 @@ def smolvlm_vision_uint8(image: int = 32, patch: int = 8, hidden: int = 64, laye
 
 
 @_needs_transformers
-def gpt2(layers: int = 48, embd: int = 128, seq: int = 16, vocab: int = 256, attention: str = "sdpa"):
+def gpt2(layers: int = 48, embd: int = 128, seq: int = 16, vocab: int = 256, attention: str = "sdpa",
+         heads: int = 4, positions: int = 64):
     """GPT-2 causal LM (48 layers, n_embd=128 by default); returns the logits."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = _attention(
-        GPT2Config(vocab_size=vocab, n_positions=64, n_embd=embd, n_layer=layers, n_head=4), attention
+        GPT2Config(vocab_size=vocab, n_positions=positions, n_embd=embd, n_layer=layers, n_head=heads), attention
     )
     return Logits(GPT2LMHeadModel(config)), (torch.randint(0, vocab, (1, seq)),)
 

@@ -47,7 +47,7 @@ def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] 
     takes = scheme.granularities(backend)
     if not takes:
         fits = [s.name for s in schemes.SCHEMES if backend in s.backends]
-        why = f": {schemes.PORTABLE_ANSWER}" if backend == "portable" else ""
+        why = f": {scheme.why_not(backend)}" if scheme.why_not(backend) else ""
         raise UserInputError(
             f"the {backend} backend does not take the quantize scheme {scheme.name!r}{why}",
             stage=STAGE,
@@ -64,7 +64,7 @@ def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] 
     if granularity not in takes:
         raise UserInputError(
             f"the quantize scheme {scheme.name!r} on {backend} takes granularity {' or '.join(takes)}, "
-            f"not {granularity}",
+            f"not {granularity}: {scheme.why_not(backend, granularity)}",
             stage=STAGE,
             hint=f"give quantize_granularity {takes[0]}",
         )
@@ -87,14 +87,35 @@ def check_calibration(options: QuantizeOptions, backend: str, calibration: Any) 
 def coded_weights(module: torch.nn.Module, options: QuantizeOptions, backend: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The weights `options` turn into 4- or 8-bit codes on `backend` (each Linear's, for a scheme
     that quantizes weights; a layer the stage leaves in float is counted as coded), and those of
-    them another layer also reads (a tied embedding: it stays in float beside its codes). The
-    memory check's estimate counts them as codes."""
+    them another layer also reads in float (a tied embedding the scheme cannot follow: it stays in
+    float beside its codes). The memory check's estimate counts them as codes."""
     chosen = chosen_scheme(options, backend)
     if chosen is None or not chosen[0].weight_bits:
         return [], []
     coded = [m.weight for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    if _embedding_scheme(options, backend, tied=True) is not None:
+        return coded, []
     others = {id(p) for m in module.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
     return coded, [w for w in coded if id(w) in others]
+
+
+def _embedding_scheme(options: QuantizeOptions, backend: str, tied: bool) -> str | None:
+    """The weight-only scheme Embedding tables get: the one the user asked for, else, for a table
+    tied to a Linear the scheme codes (GPT-2's and Llama's `lm_head`), the scheme's own weight
+    bits; left in float, the table would be held twice, in float and in codes (GPT-2 small: 154 MB
+    of a 235 MB `8da4w` program). None: tables stay in float."""
+    if options.embedding is not None:
+        return options.embedding
+    chosen = chosen_scheme(options, backend)
+    if not tied or chosen is None or backend == "portable" or chosen[0].weight_bits not in (4, 8):
+        return None
+    return f"{chosen[0].weight_bits}w"
+
+
+def _tied_embeddings(module: torch.nn.Module) -> bool:
+    """Whether an Embedding's table is also a Linear's weight."""
+    linear = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+    return any(id(m.weight) in linear for m in module.modules() if isinstance(m, torch.nn.Embedding))
 
 
 def torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: str, bits: int = 4) -> Any:
@@ -160,21 +181,30 @@ def _conv1d_as_linear(module: torch.nn.Module) -> int:
     return swapped
 
 
-def _one_dimensional_inputs(model: EagerModel) -> set[str]:
-    """The names of the Linear modules the example inputs reach with a 1-D input (one run, with hooks)."""
-    found: set[str] = set()
+@attrs.frozen
+class _Calls:
+    """What one eager run on the example inputs shows of the layers a scheme may take."""
+
+    called: frozenset[str]  # the modules whose forward ran
+    one_dimensional: frozenset[str]  # the Linears reached with a 1-D input
+
+
+def _observe_calls(model: EagerModel) -> _Calls:
+    called: set[str] = set()
+    one_dimensional: set[str] = set()
 
     def noting(name: str) -> Callable:
         def note(module: torch.nn.Module, args: tuple) -> None:
+            called.add(name)
             if args and isinstance(args[0], torch.Tensor) and args[0].dim() == 1:
-                found.add(name)
+                one_dimensional.add(name)
 
         return note
 
     hooks = [
         m.register_forward_pre_hook(noting(name))
         for name, m in model.module.named_modules()
-        if isinstance(m, torch.nn.Linear)
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
     ]
     try:
         with torch.no_grad():
@@ -182,11 +212,11 @@ def _one_dimensional_inputs(model: EagerModel) -> set[str]:
     finally:
         for hook in hooks:
             hook.remove()
-    return found
+    return _Calls(frozenset(called), frozenset(one_dimensional))
 
 
 def _why_left_in_float(module: torch.nn.Module, fqn: str, scheme: Scheme, granularity: str, group_size: int | None,
-                       backend: str, one_dimensional: set[str]) -> str | None:
+                       backend: str, one_dimensional: frozenset[str]) -> str | None:
     """Why a layer of the kind a scheme quantizes stays in float (None: it is quantized).
     ExecuTorch's LLM export skips layers whose rows do not split into groups the same way."""
     if isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
@@ -204,16 +234,16 @@ def _why_left_in_float(module: torch.nn.Module, fqn: str, scheme: Scheme, granul
 
 
 def _quantize_layers(
-    module: torch.nn.Module, config: Any, kind: type | tuple[type, ...], left: dict[str, str],
+    module: torch.nn.Module, config: Any, kind: Callable[[torch.nn.Module], bool], left: dict[str, str],
     why_not: Callable[[torch.nn.Module, str], str | None],
 ) -> None:
-    """TorchAO's config on the modules of `kind` but those `why_not` names a reason for,
+    """TorchAO's config on the modules `kind` picks but those `why_not` names a reason for,
     which are left in float, each with why in `left`."""
     from torchao.quantization import quantize_
     from torchao.utils import unwrap_tensor_subclass
 
     def take(layer: torch.nn.Module, fqn: str) -> bool:
-        if not isinstance(layer, kind):
+        if not kind(layer):
             return False
         why = why_not(layer, fqn)
         if why:
@@ -233,17 +263,30 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
     metrics: dict[str, Any] = {}
     left: dict[str, str] = {}  # layer -> why the scheme left it in float
     module = model.module
-    if options.embedding is not None:
+    embedding_scheme = _embedding_scheme(options, backend, tied=_tied_embeddings(module))
+    if embedding_scheme is not None:
         module = _module_tree_copy(module)
-        embedding = schemes.BY_NAME[options.embedding]
-        group = options.embedding_group_size
+        embedding = schemes.BY_NAME[embedding_scheme]
+        if options.embedding is None:  # following the scheme: its granularity and group
+            group = options.group_size if chosen[1] == PER_GROUP else 0
+        else:
+            group = options.embedding_group_size
         granularity = PER_GROUP if group else PER_CHANNEL
         config = torchao_config(embedding, granularity, group, backend)
-        _quantize_layers(
-            module, config, torch.nn.Embedding, left,
-            lambda layer, fqn: _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", set()),
-        )
-        metrics["embedding"] = options.embedding
+        linear_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+
+        def table(layer: torch.nn.Module) -> bool:  # every table asked for, or the tied ones followed
+            return isinstance(layer, torch.nn.Embedding) and (options.embedding is not None or id(layer.weight) in linear_weights)
+
+        calls = _observe_calls(model)
+
+        def why_not_table(layer: torch.nn.Module, fqn: str) -> str | None:
+            if fqn not in calls.called:  # ACT's `pos_embed.weight.unsqueeze(1)`
+                return "the model reads its table as a tensor, not by lookup: a quantized table cannot be read so"
+            return _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", frozenset())
+
+        _quantize_layers(module, config, table, left, why_not_table)
+        metrics["embedding"] = embedding_scheme + (" (tied to a quantized Linear)" if options.embedding is None else "")
     if chosen is not None and any(_is_conv1d(m) for m in module.modules()):
         if module is model.module:
             module = _module_tree_copy(module)
@@ -257,7 +300,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         if scheme.flow == PT2E:
             module = _pt2e(attrs.evolve(model, module=module), _pt2e_quantizer(scheme, granularity, backend))
         else:
-            one_dimensional = _one_dimensional_inputs(model) if scheme.activations == schemes.DYNAMIC else set()
+            one_dimensional = _observe_calls(model).one_dimensional if scheme.activations == schemes.DYNAMIC else frozenset()
             if module is model.module:
                 module = _module_tree_copy(module)
             config = torchao_config(scheme, granularity, options.group_size, backend, options.bits)
@@ -266,7 +309,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
             # models read those weights themselves: ACT's `pos_embed.weight.unsqueeze(1)` fails on
             # TorchAO's CodebookQuantizedTensor); --quantize-embedding quantizes tables.
             _quantize_layers(
-                module, config, torch.nn.Linear, left,
+                module, config, lambda layer: isinstance(layer, torch.nn.Linear), left,
                 lambda layer, fqn: _why_left_in_float(layer, fqn, scheme, granularity, group, backend, one_dimensional),
             )
     if left:

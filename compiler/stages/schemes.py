@@ -36,6 +36,9 @@ class Scheme:
     # Backend name -> the granularities it takes for this scheme (first: the default) and
     # the ExecuTorch recipe (`RecipeType` value) per granularity that builds the same program.
     backends: Mapping[str, Mapping[str, str | None]]
+    # "backend" or "backend granularity" -> why that cell cannot exist, in one line (the
+    # benchmark's table and the stage's refusal say it). A backend not named: `NOT_OFFERED`.
+    not_offered: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def needs_calibration(self) -> bool:
@@ -50,11 +53,19 @@ class Scheme:
     def recipe(self, backend: str, granularity: str) -> str | None:
         return self.backends.get(backend, {}).get(granularity)
 
+    def why_not(self, backend: str, granularity: str | None = None) -> str:
+        """Why the backend does not take this scheme (at this granularity)."""
+        if granularity is not None and backend in self.backends:
+            return self.not_offered.get(f"{backend} {granularity}") or NOT_OFFERED.get(
+                (self.flow, granularity), "ExecuTorch has no recipe for it, and it is not offered here")
+        return self.not_offered.get(backend) or NOT_OFFERED.get((self.flow, backend), "")
+
 
 SCHEMES: tuple[Scheme, ...] = (
     Scheme(
         "int8_dynamic", "int8 weights; activations quantized to int8 at run time (PT2E)", PT2E, DYNAMIC, 8,
         {"xnnpack": {PER_CHANNEL: "xnnpack_pt2e_int8_dynamic_per_channel"}, "portable": {PER_CHANNEL: None}},
+        {"coreml": "Core ML's quantizer quantizes activations statically only (int8_static)"},
     ),
     Scheme(
         "int8_static", "int8 weights and activations, activation scales from calibration (PT2E)", PT2E, STATIC, 8,
@@ -66,10 +77,16 @@ SCHEMES: tuple[Scheme, ...] = (
             "coreml": {PER_CHANNEL: "coreml_pt2e_int8_static"},
             "portable": {PER_CHANNEL: None, PER_TENSOR: None},
         },
+        {"coreml per_tensor": "ExecuTorch's Core ML quantizer makes per-channel weight scales only"},
     ),
     Scheme(
         "int8_weight", "int8 weights, float activations (PT2E)", PT2E, WEIGHT_ONLY, 8,
         {"coreml": {PER_CHANNEL: "coreml_pt2e_int8_weight_only"}},
+        {
+            "xnnpack": "XNNPACK's int8 weights come with int8 activations: int8_dynamic, 8da8w",
+            "portable": "weight-only PT2E is Core ML's quantizer's mode; portable takes int8_dynamic, int8_static",
+            "coreml per_tensor": "ExecuTorch's Core ML quantizer makes per-channel weight scales only",
+        },
     ),
     Scheme(
         "8da4w", "int4 weights; activations quantized to int8 at run time (TorchAO)", TORCHAO, DYNAMIC, 4,
@@ -79,11 +96,15 @@ SCHEMES: tuple[Scheme, ...] = (
                 PER_CHANNEL: "xnnpack_torchao_int8da_int4w_per_channel",
             }
         },
+        {"coreml": "Core ML quantizes activations statically only: 4w keeps them in float",
+         "mlx": "MLX's quantized matmul takes float activations: 4w"},
     ),
     Scheme(
         "8da8w", "int8 weights; activations quantized to int8 at run time (TorchAO)", TORCHAO, DYNAMIC, 8,
-        # XNNPACK's lowering: "Only 4b group quantization is supported".
         {"xnnpack": {PER_CHANNEL: None}},
+        {"xnnpack per_group": "XNNPACK's lowering: \"Only 4b group quantization is supported\"",
+         "coreml": "Core ML quantizes activations statically only: 8w keeps them in float",
+         "mlx": "MLX's quantized matmul takes float activations: 8w"},
     ),
     Scheme(
         "4w", "int4 weights, float activations (TorchAO)", TORCHAO, WEIGHT_ONLY, 4,
@@ -94,6 +115,7 @@ SCHEMES: tuple[Scheme, ...] = (
             },
             "mlx": {PER_GROUP: None, PER_CHANNEL: None},
         },
+        {"xnnpack": "XNNPACK's 4-bit kernels quantize activations at run time: 8da4w"},
     ),
     Scheme(
         "8w", "int8 weights, float activations (TorchAO)", TORCHAO, WEIGHT_ONLY, 8,
@@ -104,12 +126,17 @@ SCHEMES: tuple[Scheme, ...] = (
             },
             "mlx": {PER_GROUP: None, PER_CHANNEL: None},
         },
+        {"xnnpack": "XNNPACK's int8 weights come with int8 activations: int8_dynamic, 8da8w"},
     ),
     Scheme(
         "codebook", "weights as indices into a table of 2**bits values per block (palettization)", TORCHAO,
         WEIGHT_ONLY, 0, {"coreml": {PER_GROUP: "coreml_codebook_weight_only"}},
+        {"coreml per_channel": "a codebook's table is per block of group_size columns (per_group)",
+         "coreml per_tensor": "a codebook's table is per block of group_size columns (per_group)"}
+        | {backend: "lookup-table weights are a Core ML format (constexpr_lut_to_dense)" for backend in ("xnnpack", "mlx")},
     ),
 )
+
 
 # Backend -> (whether it takes a group size, the rule in words): XNNPACK's lowering asserts
 # "group_size to be a multiple of 32"; MLX's quantized kernels take 32, 64 and 128.
@@ -132,6 +159,14 @@ PORTABLE_ANSWER = (
     "(int8_dynamic, int8_static: quantize and dequantize on the CPU around float ops), and no kernel "
     "for TorchAO's ops: the TorchAO schemes are for xnnpack, coreml and mlx"
 )
+
+# Why a flow's schemes are not on a backend, where the scheme does not say more.
+NOT_OFFERED = {
+    (PT2E, "mlx"): "the MLX delegate lowers TorchAO's weight-only codes (4w, 8w), not PT2E's quantize/dequantize pairs",
+    (TORCHAO, "portable"): PORTABLE_ANSWER,
+    (PT2E, PER_GROUP): "PT2E's int8 quantizers scale weights per channel or per tensor",
+    (TORCHAO, PER_TENSOR): "TorchAO's integer configs here scale weights per channel or per group",
+}
 
 
 def scheme_table() -> str:
