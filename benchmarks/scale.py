@@ -38,6 +38,7 @@ DEFAULT_FOLDERS = os.path.join(os.path.expanduser("~"), ".cache", "staged-compil
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(hidden=256, layers=4, intermediate=704, heads=4, kv_heads=2, vocab=4096),
     "0.1b": dict(hidden=768, layers=8, intermediate=2048, heads=12, kv_heads=4, vocab=32000),
+    "0.25b": dict(hidden=1024, layers=20, intermediate=2816, heads=16, kv_heads=4, vocab=32000),
     "0.5b": dict(hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2, vocab=151936),
     "1b": dict(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
     "3b": dict(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8, vocab=128256),
@@ -280,7 +281,7 @@ def held_weights(size: str, scheme: str) -> int:
 def render(results: dict) -> str:
     header = ["size", "backend", "scheme", "way", "status", "peak GB", "over weights", "peak with check GB", "load s",
               "compile s",
-              "ours/stock compile", ".pte MB", ".ptd MB", "check"]
+              "quantize stage s (vs float compile)", "ours/stock compile", ".pte MB", ".ptd MB", "check"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = results["rows"]
     for row in rows:
@@ -301,6 +302,7 @@ def render(results: dict) -> str:
             f"{row['load_s']:.0f}" if "load_s" in row else "-",
             (f"{row['compile_s']:.0f}" + ("*" if row.get("check") and not row.get("compile_alone") else ""))
             if "compile_s" in row else "-",
+            _quantize_stage_text(row, rows),
             f"{ratio:.2f}" if ratio is not None else "-",
             f"{row['pte_bytes'] / 1e6:.0f}" if row.get("pte_bytes") else "-",
             f"{row['ptd_bytes'] / 1e6:.0f}" if row.get("ptd_bytes") else "-",
@@ -323,6 +325,17 @@ def render(results: dict) -> str:
         "benchmark timed the compile alone); it has no ratio.",
     ]
     return "\n".join(lines + notes) + "\n"
+
+
+def _quantize_stage_text(row: dict, rows: list[dict]) -> str:
+    """Our quantize stage's own seconds, against our float compile of the same size and backend
+    (issue 42's bound: at most 1x)."""
+    seconds = row.get("stage_seconds", {}).get("quantize")
+    if row["scheme"] == "float" or seconds is None:
+        return "-"
+    base = next((r for r in rows if r["way"] == "ours" and r["scheme"] == "float" and r["status"] == "ok"
+                 and r["size"] == row["size"] and r["backend"] == row["backend"]), None)
+    return f"{seconds:.1f}" + (f" ({seconds / base['compile_s']:.2f}x)" if base else "")
 
 
 def _float32_text(check: dict) -> str:
