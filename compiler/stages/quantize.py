@@ -131,10 +131,13 @@ def torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: s
         return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"), block_size=[-1, group_size])
     if scheme.activations == schemes.DYNAMIC:
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=grain)
-    # MLX's own LLM export picks weight scales by HQQ (zero points stay zero): the same choice
-    # gives the same weights as its programs, bit for bit.
-    algorithm = {"intx_choose_qparams_algorithm": "hqq_scale_only"} if backend == "mlx" else {}
-    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain, **algorithm)
+    if backend == "mlx":
+        # MLX's own LLM export picks weight scales by HQQ (zero points stay zero): the same choice
+        # gives the same weights as its programs, bit for bit.
+        from compiler.backends.mlx.hqq import HqqWeightOnlyConfig
+
+        return HqqWeightOnlyConfig(scheme.weight_bits, group_size if granularity == PER_GROUP else None)
+    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain)
 
 
 def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
