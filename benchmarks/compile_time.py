@@ -49,7 +49,7 @@ from torch import nn  # noqa: E402
 
 import compiler  # noqa: E402
 from compiler.models.examples import Block, Transformer  # noqa: E402
-from compiler.stages import node_decompositions  # noqa: E402
+from compiler.passes import node_decompositions  # noqa: E402
 from compiler.stages.emit import pte_calls  # noqa: E402
 
 DIM, HEADS, SEQ = 256, 4, 64

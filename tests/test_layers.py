@@ -26,3 +26,25 @@ def test_an_upward_import_breaks_a_contract(tmp_path):
                           env={"PYTHONPATH": str(tmp_path), "PATH": str(Path(sys.executable).parent)})
     assert done.returncode != 0
     assert "compiler.ir.graph -> compiler.driver.config" in done.stdout
+
+
+def test_every_stage_is_in_the_independence_contract():
+    import tomllib
+
+    from compiler.stages import STAGES
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [independent] = [c for c in contracts if c["type"] == "independence"]
+    assert independent["modules"] == [row.module for row in STAGES]
+
+
+def test_a_stage_importing_another_stage_breaks_a_contract(tmp_path):
+    shutil.copytree(ROOT / "compiler", tmp_path / "compiler", ignore=shutil.ignore_patterns("__pycache__", "assets"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    stage = tmp_path / "compiler" / "stages" / "dry_run.py"
+    stage.write_text(stage.read_text() + "\n\ndef _sideways():\n    from compiler.stages import fold  # noqa: F401\n")
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    done = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": str(Path(sys.executable).parent)})
+    assert done.returncode != 0
+    assert "compiler.stages.dry_run -> compiler.stages.fold" in done.stdout

@@ -293,7 +293,7 @@ def test_state_another_method_writes_is_never_folded(backend):
 
 def test_a_stage_reading_state_as_a_constant_fails_verification(monkeypatch):
     """The invariant behind the fix: a stage whose output no longer reads the state at run time fails."""
-    from compiler.stages import fold
+    from compiler.passes import folding as fold
 
     reading_it_as_constant = fold.constant_inputs
     monkeypatch.setattr(fold, "constant_inputs", lambda ep, state=frozenset(): reading_it_as_constant(ep))

@@ -12,7 +12,7 @@ torch): the CLI checks the flags before torch loads.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple
 
 from compiler.ir.errors import UserInputError
 
@@ -72,6 +72,6 @@ def parse(text: str) -> DynamicDim:
                 return DynamicDim(parts[0], numbers[0], numbers[1] if len(numbers) == 3 else None, numbers[-1])
     raise UserInputError(
         f"{text!r} is neither {FORM} nor {TIED_FORM}",
-        hint=f"e.g. x:1:2:512 (a dynamic size needs its maximum: ExecuTorch plans memory for it), or "
+        hint="e.g. x:1:2:512 (a dynamic size needs its maximum: ExecuTorch plans memory for it), or "
         "attention_mask:1=input_ids:1 for a size that is input_ids's",
     )

@@ -28,7 +28,6 @@ against eager or draw the HTML report's graph). An entry that does not load is l
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import platform

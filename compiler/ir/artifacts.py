@@ -20,6 +20,8 @@ from compiler.ir.graph import delegate_calls, graph_text, op_nodes
 from compiler.ir.placement import PlacementPlan
 from compiler.ir.program_data import ProgramData, program_data, save_program
 
+# The one method of the programs the pipeline makes (its graph's name in `to_edge`'s mapping).
+METHOD = "forward"
 
 @attrs.frozen
 class ProgramStats:

@@ -8,7 +8,7 @@ both let the call through to the wrong kernel. The switching is `compiler.ir.fix
 shared with the backends' fixes.
 
 Not switched: the kernel limits (`kernel_limits.py`) and their rewrites
-(`compiler/stages/cpu_rewrites.py`). Without them the portable kernel refuses the call when the
+(`compiler/passes/cpu_rewrites.py`). Without them the portable kernel refuses the call when the
 program runs (or, for a 0-d sum, aborts the process): a loud failure, no wrong number.
 """
 

@@ -6,7 +6,7 @@ failed when the program ran. Each limit here is read off a check in ExecuTorch's
 kernels (the 1.5 source, `kernels/portable/cpu/`), which its reason quotes, and a test
 of tests/backends/portable/test_portable_support_table.py shows the runtime refusing (or
 crashing on) it. The partition stage rewrites the calls it can into ones the kernel
-takes (`compiler/stages/cpu_rewrites.py`); the `cpu_ops_have_kernels` invariant refuses
+takes (`compiler/passes/cpu_rewrites.py`); the `cpu_ops_have_kernels` invariant refuses
 a CPU node still over a limit, so the compile fails, not the run.
 """
 

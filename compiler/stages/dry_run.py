@@ -45,9 +45,9 @@ from compiler.ir.dialect import op_name
 from compiler.ir.graph import call_nodes
 from compiler.ir.kernels import missing_kernel
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.decompose import full_decomposition_table, keepable, to_edge_program
-from compiler.stages.partition import partition
-from compiler.stages.shared import unbacked_symbols_kept_in
+from compiler.passes.decomposition import full_decomposition_table, keepable, to_edge_program
+from compiler.passes.partitioning import partition
+from compiler.passes.tracing import unbacked_symbols_kept_in
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from compiler.ir.private_api import (
 from compiler.ir.program_data import SPILL_BLOB_BYTES, ProgramData, spill_directory
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
-from compiler.stages.shared import METHOD
+from compiler.ir.artifacts import METHOD
 
 
 def _operator_name(op) -> str:

@@ -28,7 +28,7 @@ from compiler.ir.private_api import (
     tagged_constants_found_in_one_signature_read,
 )
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.shared import METHOD
+from compiler.ir.artifacts import METHOD
 
 
 class ReplayPartitioner(Partitioner):

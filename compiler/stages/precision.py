@@ -52,7 +52,7 @@ from compiler.ir.graph import copy_program
 from compiler.ir.invariants import plain_tensor
 from compiler.ir.targets import BY_NAME
 from compiler.stages.base import Stage, StageContext
-from compiler.stages.fold import written_in_place
+from compiler.passes.folding import written_in_place
 
 logger = logging.getLogger(__name__)
 

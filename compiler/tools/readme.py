@@ -32,7 +32,7 @@ class Generated(NamedTuple):
 GENERATED: dict[str, Generated] = {
     "options-table": Generated("docs/options.md", "compiler.driver.config:options_table"),
     "coreml-mil-ops": Generated("docs/backends.md", "compiler.backends.coreml.interpreter:coverage_text"),
-    "portable-kernel-limits": Generated("docs/stages.md", "compiler.stages.cpu_rewrites:limits_table"),
+    "portable-kernel-limits": Generated("docs/stages.md", "compiler.passes.cpu_rewrites:limits_table"),
     "quantize-schemes": Generated("docs/quantization.md", "compiler.stages.schemes:scheme_table"),
 }
 

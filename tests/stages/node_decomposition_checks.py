@@ -5,8 +5,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 import compiler
-from compiler.stages import decompose as decompose_module
-from compiler.stages import node_decompositions
+from compiler.passes import decomposition as decompose_module
+from compiler.passes import node_decompositions
 
 
 class _Captured(Exception):

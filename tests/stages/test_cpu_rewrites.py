@@ -15,7 +15,7 @@ import compiler
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import VerificationError
 from compiler.ir.graph import DELEGATION_TAG
-from compiler.stages.cpu_rewrites import rewrite_for_cpu_kernels
+from compiler.passes.cpu_rewrites import rewrite_for_cpu_kernels
 
 
 def _conv3d(**options) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:

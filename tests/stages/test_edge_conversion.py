@@ -13,10 +13,10 @@ from torch.utils import _pytree as pytree
 import compiler
 from compiler.models import model_suite
 from compiler.models.examples import Transformer, transformer
-from compiler.stages.decompose import decompose
-from compiler.stages.shared import unbacked_symbols_kept_in
+from compiler.passes.decomposition import decompose
+from compiler.passes.tracing import unbacked_symbols_kept_in
 from compiler.stages.dry_run import _aten_origin
-from compiler.stages.edge_conversion import _finish_edge_ops, generate_edge_program
+from compiler.passes.edge_conversion import _finish_edge_ops, generate_edge_program
 from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.program._program import _generate_edge_program
 from stages.test_unbacked_symbols import FirstPositives  # tests/stages/: an unbacked symbol sizes the output

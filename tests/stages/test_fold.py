@@ -17,7 +17,8 @@ from compiler.ir.artifacts import AtenProgram
 from compiler.ir.dialect import op_name
 from compiler.stages.options import FoldOptions
 from compiler.stages.base import StageContext
-from compiler.stages.fold import Fold, fold_constants
+from compiler.passes.folding import fold_constants
+from compiler.stages.fold import Fold
 from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.passes.constant_prop_pass import constant_prop_pass
@@ -164,7 +165,7 @@ def test_control_flow_is_skipped_with_a_warning(caplog):
             return torch.cond(x.sum() > 0, lambda a: a + self.w, lambda a: a - self.w, (x,)) + self.w * 2
 
     ep = export(Branch(), (torch.randn(3),))
-    with caplog.at_level(logging.WARNING, logger="compiler.stages.fold"):
+    with caplog.at_level(logging.WARNING, logger="compiler.passes.folding"):
         folded, metrics = fold(ep)
     assert "control flow" in caplog.text
     assert metrics["folded"] == 1  # self.w * 2, outside the branch

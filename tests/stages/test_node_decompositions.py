@@ -1,4 +1,4 @@
-"""Decomposition node by node (compiler.stages.node_decompositions) against torch's retrace.
+"""Decomposition node by node (compiler.passes.node_decompositions) against torch's retrace.
 
 For each program the node-by-node path must give what `run_decompositions` gives, after the
 decompose stage's own steps (kept ops restored, casts): the same nodes in the same order
@@ -13,8 +13,8 @@ from torch.utils import _pytree as pytree
 
 import compiler
 from compiler.models import examples
-from compiler.stages import node_decompositions
-from compiler.stages.decompose import decompose
+from compiler.passes import node_decompositions
+from compiler.passes.decomposition import decompose
 from node_decomposition_checks import assert_same, both_paths, program_to_decompose
 from tiny_models import AddMul, RandomProgram
 
@@ -393,7 +393,7 @@ def test_a_codebook_program_is_decomposed_node_by_node(monkeypatch):
 
 
 def test_an_unforeseen_failure_falls_back_in_one_line_without_a_traceback(monkeypatch, capsys, caplog):
-    from compiler.stages import node_decompositions
+    from compiler.passes import node_decompositions
 
     def failing(program, table):
         raise KeyError("somewhere")

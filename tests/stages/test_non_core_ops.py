@@ -208,7 +208,7 @@ def test_stock_and_we_delegate_adaptive_max_pool1d_whole_to_coreml():
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_adaptive_max_pool_decomposition_matches_torch_for_every_size(n):
-    from compiler.stages.decompose import _adaptive_max_pool
+    from compiler.passes.decomposition import _adaptive_max_pool
 
     pool = torch.ops.aten.adaptive_max_pool2d.default if n == 2 else torch.ops.aten.adaptive_max_pool3d.default
     generator = torch.Generator().manual_seed(n)
@@ -224,7 +224,7 @@ def test_adaptive_max_pool_decomposition_matches_torch_for_every_size(n):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_round_decimals_decomposition_matches_torch(dtype):
-    from compiler.stages.decompose import _round_decimals
+    from compiler.passes.decomposition import _round_decimals
 
     x = (torch.randn(4000, generator=torch.Generator().manual_seed(0)) * 100).to(dtype)
     x = torch.cat([x, torch.tensor([0.125, -0.125, 2.5, -2.5, 0.005, 15.0, 25.0], dtype=dtype)])  # halves: to even

@@ -1,5 +1,4 @@
-"""What more than one stage uses: the method name of the programs they make, and the shape
-environment's pending symbols kept across a trace."""
+"""The shape environment's pending symbols, kept across a trace that more than one stage makes."""
 
 from __future__ import annotations
 
@@ -7,10 +6,6 @@ import contextlib
 
 import torch
 from torch.export import ExportedProgram
-
-# The one method of the programs the pipeline makes (its graph's name in `to_edge`'s mapping).
-METHOD = "forward"
-
 
 @contextlib.contextmanager
 def unbacked_symbols_kept_in(program: ExportedProgram):

@@ -579,7 +579,7 @@ def decompose_by_node(program: ExportedProgram, table: Mapping, fallbacks: list[
 
 
 def _decompose_by_node(program: ExportedProgram, table: Mapping) -> ExportedProgram | None:
-    from compiler.stages.edge_conversion import fake_mode
+    from compiler.passes.edge_conversion import fake_mode
 
     mode = fake_mode(program.graph_module)
     if mode is None:
