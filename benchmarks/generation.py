@@ -24,7 +24,7 @@ program of `vision_encoder`, `token_embedding` and `text_decoder`, run by ExecuT
 (portable, XNNPACK) or the reference executor after a prompt of text, an image and text; its times are over
 the runner's own Stats intervals and token counts (the prompt's 23 positions, the image's 16 among them).
 Cells merge by key into
-benchmarks/results/generation.json; the table between the README's `generation-table` markers
+benchmarks/results/generation.json; the table between the `generation-table` markers of docs/generation.md
 is rendered from every cell held (tests/test_generation.py checks it is the committed results').
 Light to import: torch loads only when it measures.
 """
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--json", default=RESULTS, help=f"merge the cells into this file (default: {RESULTS})")
-    parser.add_argument("--doc", default="README.md", help="write the table between its generation-table markers")
+    parser.add_argument("--doc", default="docs/generation.md", help="write the table between its generation-table markers")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 

@@ -1,6 +1,6 @@
-"""The README's performance section, rendered from the committed benchmark results.
+"""docs/performance.md's performance section, rendered from the committed benchmark results.
 
-    python -m benchmarks.performance [--doc README.md]     # print it, or rewrite it in --doc
+    python -m benchmarks.performance [--doc docs/performance.md]     # print it, or rewrite it in --doc
 
 Nothing is measured here: each table comes from a JSON file of `benchmarks/results/` written by
 the benchmark named above it (compile time: `python -m benchmarks`; run time:
@@ -225,7 +225,7 @@ def render() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--doc", help="rewrite the performance-table section of this file (README.md)")
+    parser.add_argument("--doc", help="rewrite the performance-table section of this file (docs/performance.md)")
     args = parser.parse_args()
     text = render()
     if args.doc:

@@ -46,7 +46,7 @@ def test_the_performance_section_is_the_committed_results():
     rendered = performance.render()
     assert "| xnnpack | stack, depth 48 |" in rendered and "Run time" in rendered
     assert readme.section(text, "performance-table") == rendered.strip(), (
-        "regenerate it: python -m benchmarks.performance --doc README.md"
+        "regenerate it: python -m benchmarks.performance --doc docs/performance.md"
     )
 
 
@@ -70,3 +70,8 @@ def test_doc_links_resolve_inside_the_project():
             resolved = (path.parent / target).resolve()
             assert resolved.is_relative_to(ROOT), f"{path.relative_to(ROOT)} links outside the project: {target}"
             assert resolved.exists(), f"{path.relative_to(ROOT)} links to a missing file: {target}"
+
+
+def test_the_readme_reads_in_five_minutes():
+    """At most 200 lines: the two commands, what it is, a short tour, links; the rest is in docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200

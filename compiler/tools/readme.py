@@ -10,8 +10,8 @@ Paths are relative to the project's root (the folder holding README.md), where t
 command is run. The model suite's results table is measured, not generated from the
 code: `python -m benchmarks.model_suite --doc docs/model-suite.md` writes it, and
 `python -m benchmarks.quantization` the quantization table of docs/quantization.md, and
-`python -m benchmarks.generation` the README's text-generation table, and
-`python -m benchmarks.performance` the README's performance section from the benchmarks' results.
+`python -m benchmarks.generation` the text-generation table of docs/generation.md, and
+`python -m benchmarks.performance` the performance section of docs/performance.md from the benchmarks' results.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ GENERATED: dict[str, Generated] = {
 MEASURED: dict[str, str] = {
     "model-suite-table": "docs/model-suite.md",
     "quantization-table": "docs/quantization.md",
-    "generation-table": "README.md",
+    "generation-table": "docs/generation.md",
     "optimum-comparison-table": "docs/benchmarks.md",
-    "performance-table": "README.md",
+    "performance-table": "docs/performance.md",
 }
 
 
