@@ -500,6 +500,43 @@ def coreml_pattern_graphs_made_once() -> None:
             setattr(makers, name, _made_once(maker))
 
 
+# The op an annotator's every pattern holds, by the annotator's registered name (its first word
+# for the conv, linear and binary families; the pools' and flatten's whole name).
+_COREML_ANCHOR_FAMILIES = ("conv", "linear", "add", "mul", "matmul")
+
+
+def _coreml_anchor(annotator_name: str) -> str:
+    first = annotator_name.split("_")[0]
+    return first if first in _COREML_ANCHOR_FAMILIES else annotator_name
+
+
+@contextlib.contextmanager
+def coreml_annotators_for(graph: Any) -> Iterator[None]:
+    """CoreMLQuantizer's `annotate` runs each of its 24 annotators (`_AnnotationPatternRegistry.
+    REGISTRY`), each building its pattern graphs and matching them over the whole model: on a
+    250M-parameter LLM the convolution patterns alone took over half its `annotate`, with no
+    convolution to find. While the block runs the registry holds only the annotators whose
+    anchor op occurs in `graph` (a pattern cannot match without it). Checked against executorch 1.5.1."""
+    from executorch.backends.apple.coreml.quantizer._coreml_quantizer import _AnnotationPatternRegistry
+
+    ops = {str(node.target) for node in graph.nodes if node.op == "call_function"}
+    registry = _AnnotationPatternRegistry.REGISTRY
+    kept = {name: annotator for name, annotator in registry.items()
+            if any(_coreml_anchor(name) in op for op in ops)}
+    _AnnotationPatternRegistry.REGISTRY = kept
+    try:
+        yield
+    finally:
+        _AnnotationPatternRegistry.REGISTRY = registry
+
+
+def coreml_annotator_names() -> list[str]:
+    """The names of the annotators CoreMLQuantizer's `annotate` runs now. Checked against executorch 1.5.1."""
+    from executorch.backends.apple.coreml.quantizer._coreml_quantizer import _AnnotationPatternRegistry
+
+    return list(_AnnotationPatternRegistry.REGISTRY)
+
+
 def coreml_is_arg_min_max_over_flattened_input(node: Any) -> bool:
     """Stock's check for an argmin/argmax over all elements, which Core ML crashes on
     (`_is_arg_min_max_over_flattened_input`). Checked against executorch 1.5.1."""

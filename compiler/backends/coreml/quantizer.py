@@ -1,6 +1,7 @@
 """Core ML's PT2E quantizer (ExecuTorch's CoreMLQuantizer over coremltools' configuration),
 annotating floating-point values only (`compiler.backends.pt2e`), its pattern graphs made once
-per process (`private_api.coreml_pattern_graphs_made_once`)."""
+per process (`private_api.coreml_pattern_graphs_made_once`), and only the patterns whose op the
+model holds matched (`private_api.coreml_annotators_for`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 
 from compiler.backends.pt2e import drop_unquantizable_annotations
-from compiler.ir.private_api import coreml_pattern_graphs_made_once
+from compiler.ir.private_api import coreml_annotators_for, coreml_pattern_graphs_made_once
 
 
 def pt2e_quantizer(static_activations: bool) -> Any:
@@ -22,7 +23,8 @@ def pt2e_quantizer(static_activations: bool) -> Any:
 
     class FloatOnlyCoreMLQuantizer(CoreMLQuantizer):
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
-            model = super().annotate(model)
+            with coreml_annotators_for(model.graph):  # those whose op the model holds
+                model = super().annotate(model)
             drop_unquantizable_annotations(model)
             return model
 

@@ -283,3 +283,46 @@ def test_quantize_and_dequantize(dtype, axis, precision):
     given = {"scale": scale, "zero_point": zero_point, **({} if axis is None else {"axis": np.int32(axis)})}
     quantized = _agrees("quantize", ct.target.iOS17, input=x, output_dtype=dtype, **given)
     _agrees("dequantize", ct.target.iOS17, input=quantized, **given)
+
+
+def test_the_annotators_kept_are_those_whose_op_the_graph_holds():
+    from compiler.ir.private_api import coreml_annotator_names, coreml_annotators_for
+
+    every = coreml_annotator_names()
+    linear = torch.export.export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), (torch.randn(2, 4),))
+    with coreml_annotators_for(linear.graph):
+        kept = coreml_annotator_names()
+    assert "linear" in kept and "linear_act" in kept and not [n for n in kept if n.startswith(("conv", "max_pool"))]
+    assert coreml_annotator_names() == every
+
+
+@pytest.mark.slow  # two Core ML PT2E compiles of each, every pattern graph made: minutes
+@pytest.mark.parametrize("example", ["mlp", "convnet"])
+def test_only_the_annotators_whose_op_the_model_holds_run_and_the_program_is_the_same(monkeypatch, example):
+    # CoreMLQuantizer ran every annotator over every model: the convolution patterns took over half
+    # of a 250M LLM's annotate, with no convolution in it.
+    import contextlib
+
+    from compiler.backends.coreml import quantizer
+    from compiler.ir.private_api import coreml_annotator_names
+    from compiler.models.examples import resolve_model
+
+    model, inputs, _ = resolve_model(example)
+    ran = []
+
+    def spying_annotators():
+        real = quantizer.coreml_annotators_for
+
+        @contextlib.contextmanager
+        def spy(graph):
+            with real(graph):
+                ran.extend(coreml_annotator_names())
+                yield
+        return spy
+
+    monkeypatch.setattr(quantizer, "coreml_annotators_for", spying_annotators())
+    filtered = compiler.compile(model, inputs, "coreml", quantize="int8_weight", cache=False)
+    assert ("conv" in ran) == (example == "convnet") and "linear" in ran
+    monkeypatch.setattr(quantizer, "coreml_annotators_for", lambda graph: contextlib.nullcontext())
+    every = compiler.compile(model, inputs, "coreml", quantize="int8_weight", cache=False)
+    assert filtered.pte == every.pte
