@@ -15,15 +15,20 @@ def test_import_contracts_are_kept():
     assert "0 broken" in done.stdout
 
 
-def test_an_upward_import_breaks_a_contract(tmp_path):
-    """The contracts see an import from ir up into the driver (a copy of the package gets one)."""
+def _lint_with(tmp_path, module: str, statement: str) -> subprocess.CompletedProcess:
+    """The contracts run over a copy of the package in which `module` gains a function holding `statement`."""
     shutil.copytree(ROOT / "compiler", tmp_path / "compiler", ignore=shutil.ignore_patterns("__pycache__", "assets"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    upward = tmp_path / "compiler" / "ir" / "graph.py"
-    upward.write_text(upward.read_text() + "\n\ndef _upward():\n    from compiler.driver import config  # noqa: F401\n")
+    source = tmp_path / module
+    source.write_text(source.read_text() + f"\n\ndef _added():\n    {statement}  # noqa: F401\n")
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    done = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    return subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(tmp_path), "PATH": str(Path(sys.executable).parent)})
+
+
+def test_an_upward_import_breaks_a_contract(tmp_path):
+    """The contracts see an import from ir up into the driver (a copy of the package gets one)."""
+    done = _lint_with(tmp_path, "compiler/ir/graph.py", "from compiler.driver import config")
     assert done.returncode != 0
     assert "compiler.ir.graph -> compiler.driver.config" in done.stdout
 
@@ -39,12 +44,6 @@ def test_every_stage_is_in_the_independence_contract():
 
 
 def test_a_stage_importing_another_stage_breaks_a_contract(tmp_path):
-    shutil.copytree(ROOT / "compiler", tmp_path / "compiler", ignore=shutil.ignore_patterns("__pycache__", "assets"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    stage = tmp_path / "compiler" / "stages" / "dry_run.py"
-    stage.write_text(stage.read_text() + "\n\ndef _sideways():\n    from compiler.stages import fold  # noqa: F401\n")
-    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    done = subprocess.run([lint, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": str(Path(sys.executable).parent)})
+    done = _lint_with(tmp_path, "compiler/stages/dry_run.py", "from compiler.stages import fold")
     assert done.returncode != 0
     assert "compiler.stages.dry_run -> compiler.stages.fold" in done.stdout
