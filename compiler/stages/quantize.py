@@ -31,6 +31,9 @@ from compiler.stages.schemes import PER_CHANNEL, PER_GROUP, PT2E, Scheme
 
 logger = logging.getLogger(__name__)
 STAGE = "quantize"
+# A layer the example inputs never call: the model reads its weight itself, if at all, and a
+# quantized weight cannot be read so (TorchAO's tensors refuse `unsqueeze`, `t`, ...).
+NOT_CALLED = "the example inputs never call it (the model reads its weight itself, if at all): a quantized weight cannot be read so"
 
 
 def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] | None:
@@ -285,7 +288,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
 
         def why_not_table(layer: torch.nn.Module, fqn: str) -> str | None:
             if fqn not in calls.called:  # ACT's `pos_embed.weight.unsqueeze(1)`
-                return "the model reads its table as a tensor, not by lookup: a quantized table cannot be read so"
+                return NOT_CALLED
             return _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", frozenset())
 
         _quantize_layers(module, config, table, left, why_not_table)
@@ -303,7 +306,8 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         if scheme.flow == PT2E:
             module = _pt2e(attrs.evolve(model, module=module), _pt2e_quantizer(scheme, granularity, backend))
         else:
-            one_dimensional = _observe_calls(model).one_dimensional if scheme.activations == schemes.DYNAMIC else frozenset()
+            calls = _observe_calls(model)
+            one_dimensional = calls.one_dimensional if scheme.activations == schemes.DYNAMIC else frozenset()
             if module is model.module:
                 module = _module_tree_copy(module)
             config = torchao_config(scheme, granularity, options.group_size, backend, options.bits)
@@ -313,7 +317,8 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
             # TorchAO's CodebookQuantizedTensor); --quantize-embedding quantizes tables.
             _quantize_layers(
                 module, config, lambda layer: isinstance(layer, torch.nn.Linear), left,
-                lambda layer, fqn: _why_left_in_float(layer, fqn, scheme, granularity, group, backend, one_dimensional),
+                lambda layer, fqn: _why_left_in_float(layer, fqn, scheme, granularity, group, backend, one_dimensional)
+                or (NOT_CALLED if fqn not in calls.called else None),
             )
     if left:
         metrics["left_in_float"] = "; ".join(f"{fqn}: {why}" for fqn, why in left.items())

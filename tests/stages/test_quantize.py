@@ -283,8 +283,8 @@ def test_a_tied_table_is_quantized_with_the_lm_head_it_is_tied_to(backend, schem
     assert "left_in_float" not in row.metrics  # the untied positions table is not the scheme's to take
     # Asked for every table, the stage names the one the model reads as a tensor (it failed in TorchAO).
     asked = next(r for r in plain.report.stages if r.stage == "quantize").metrics
-    assert asked["left_in_float"] == "positions: the model reads its table as a tensor, not by lookup: " \
-        "a quantized table cannot be read so"
+    assert asked["left_in_float"] == "positions: the example inputs never call it (the model reads its weight " \
+        "itself, if at all): a quantized weight cannot be read so"
     check = compiler.compare_with_eager(result, model, ids)
     assert check.passed, check.describe()
     assert model.lm_head.weight is model.embed.weight  # the user's model keeps its tie
@@ -297,3 +297,24 @@ def test_portable_keeps_a_tied_table_in_float():
     row = next(r for r in result.report.stages if r.stage == "quantize")
     assert "embedding" not in row.metrics
     assert compiler.compare_with_eager(result, model, ids).passed
+
+
+class ReadsAWeight(torch.nn.Module):
+    """A Linear whose weight the model reads itself (as ACT's transformer reads some), and one it calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read, self.called = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.called(x @ self.read.weight.unsqueeze(0).transpose(1, 2))
+
+
+def test_a_linear_the_model_never_calls_stays_in_float_and_says_why():
+    # ACT's codebook compile failed at capture: TorchAO's quantized weight refuses `unsqueeze`.
+    torch.manual_seed(0)
+    model, inputs = ReadsAWeight().eval(), (torch.randn(1, 4, 64),)
+    result = compiler.compile(model, inputs, "mlx", quantize="4w", cache=False)
+    row = next(r for r in result.report.stages if r.stage == "quantize")
+    assert row.metrics["left_in_float"].startswith("read: the example inputs never call it")
+    assert compiler.compare_with_eager(result, model, inputs).passed
