@@ -69,10 +69,6 @@ CALIBRATION_DRAWS = 3
 GPT2_SIZES = {"layers": 12, "embd": 768, "heads": 12, "vocab": 50257, "positions": 1024}
 # The recipe each backend's float32 baseline is compared with (MLX: ExecuTorch has no recipes).
 FLOAT_RECIPES = {"xnnpack": "xnnpack_fp32", "coreml": "coreml_fp16"}
-# The packages that register each backend's recipes with `executorch.export`.
-RECIPE_PACKAGES = {
-    "xnnpack": "executorch.backends.xnnpack.recipes", "coreml": "executorch.backends.apple.coreml.recipes",
-}
 SUITE_MODELS = ("transformer", "gpt2", "llama_static_cache")
 POLICY_MODELS = ("act", "pi0", "pi0_bf16")
 # --quick: the cells the test suite measures (no warm-up: the times are not what it checks).
@@ -148,7 +144,9 @@ def _recipe(backend: str, name: str, scheme: str, granularity: str | None):
 
     from executorch.export import ExportRecipe, recipe_registry
 
-    importlib.import_module(RECIPE_PACKAGES[backend])
+    from compiler.ir.targets import BY_NAME
+
+    importlib.import_module(BY_NAME[backend].recipes_package)
     (recipe_type,) = (t for t in recipe_registry.get_supported_recipes(backend) if t.value == name)
     kwargs = {"group_size": GROUP_SIZE} if granularity == schemes.PER_GROUP else {}
     if scheme == "codebook":

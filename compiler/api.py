@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from compiler.driver.cache import StageCache
     from compiler.driver.config import DriverOptions
     from compiler.driver.dynamic_dims import DynamicDim
-    from compiler.ir.artifacts import EagerModel, ExecutorchProgram
+    from compiler.ir.artifacts import EagerModel, ExecutorchProgram, StageArtifacts
     from compiler.reporting.report import Override, Report
     from compiler.driver.stage_files import StageFile
 
@@ -48,6 +48,12 @@ class _SavesProgram:
         return self.program.save(path)
 
 
+def _stage_artifacts(given: Mapping[str, Any]) -> StageArtifacts:
+    from compiler.ir.artifacts import StageArtifacts
+
+    return StageArtifacts.of(given)
+
+
 @attrs.frozen
 class CompileResult(_SavesProgram):
     """What a compile made, wherever it stopped: the artifact of its last stage, the report,
@@ -57,7 +63,8 @@ class CompileResult(_SavesProgram):
 
     artifact: Any
     report: Report
-    stages: Mapping[str, Any]
+    # `result.stages.partition`, typed; also a mapping by stage name.
+    stages: StageArtifacts = attrs.field(converter=lambda given: _stage_artifacts(given))
     config: CompileConfig
 
     @property
@@ -85,9 +92,9 @@ class CompileResult(_SavesProgram):
         return run(self.program, inputs)
 
     def at_float32(self) -> "CompileResult | None":
-        """The same program partitioned and lowered again with Core ML computing in float32, for
-        a Core ML program computing in float16 (its default): a conversion fault smaller than
-        float16's noise shows only there. (The partition stage runs again because each
+        """The same program partitioned and lowered again computing in float32, for a program
+        whose delegate computes in float16 (Core ML's default precision, `Target.default_compute_precision`):
+        a conversion fault smaller than float16's noise shows only there. (The partition stage runs again because each
         partition's tag holds its compile specs; Core ML's rules do not depend on the compute
         precision, so the partitions are the same.) None for any other program, or when this
         result holds no program from before partition (a run resumed after it)."""
@@ -96,8 +103,9 @@ class CompileResult(_SavesProgram):
         from compiler.driver.pipeline import Pipeline
         from compiler.stages import STAGE_NAMES, default_stages
 
+        target = BY_NAME.get(self.config.backend)  # None: a Backend object of the caller's
         options = dict(self.config.backend_options)
-        if self.config.backend != "coreml" or str(options.get("compute_precision", "float16")).lower() != "float16":
+        if target is None or str(options.get("compute_precision", target.default_compute_precision)).lower() != "float16":
             return None
         before_partition = STAGE_NAMES[: STAGE_NAMES.index("partition")]
         start = next((name for name in reversed(before_partition) if name in self.stages), None)
@@ -112,7 +120,6 @@ class CompileResult(_SavesProgram):
         program = artifact.program
         total, half = tensor_bytes([t for t in (*program.state_dict.values(), *program.constants.values())
                                     if isinstance(t, torch.Tensor)])
-        target = BY_NAME[self.config.backend]
         refuse_unless_it_fits(
             compile_bytes(total, half, True, target.lowering_memory) + int(RECHECK_RUN_PER_STATE_BYTE * total),
             "converting the partitions again computing in float32 and running them (the check's float32 re-check)",
@@ -122,7 +129,7 @@ class CompileResult(_SavesProgram):
             artifact = attrs.evolve(artifact, searched=None)
         with DependencyOutput() as output:
             result = Pipeline(default_stages()).execute(
-                artifact, backends.resolve("coreml", options), config,
+                artifact, backends.resolve(self.config.backend, options), config,
                 instruments_for(DriverOptions(verify=False)), start_after=start,
             )
         logger.debug("float32 conversion printed: %s", output.leftover)
@@ -660,10 +667,7 @@ def compile_methods(
         if output is not None:
             instruments.insert(0, StageMessages(output))
         lowered = {name: result.artifact for name, result in results.items()}
-        if emit_config.backend == "coreml":  # weights the methods share, in one multifunction model
-            from compiler.backends.coreml import multifunction
-
-            lowered = multifunction.share_weights(lowered)
+        lowered = backends.load(emit_config.backend).share_method_weights(lowered)
         emitted = Pipeline([EmitMethods()]).execute(
             LoweredMethods(lowered),
             backends.resolve(emit_config.backend, emit_config.backend_options),

@@ -205,5 +205,5 @@ def test_visualize_names_a_missing_or_foreign_file(capsys, tmp_path):
 def test_a_stage_option_naming_no_operator_is_refused_before_capture(capsys):
     assert main(["compile", "mlp", "--fold-skip-ops", "aten.nope.default"]) == 2
     err = capsys.readouterr().err
-    assert "fold_skip_ops names no operator: 'aten.nope.default'" in err and "what to do:" in err
+    assert "--fold-skip-ops names no operator: 'aten.nope.default'" in err and "what to do:" in err
     assert "[1/10] quantize" not in err and "saved to" not in err  # no stage ran, nothing to save

@@ -231,3 +231,37 @@ def test_a_model_returning_return_types_compiles():
     model, x = ReturnsMaxAlongDim(), torch.randn(3, 5)
     artifact = compiler.compile(model, (x,), "portable")
     assert [torch.equal(a, b) for a, b in zip(compiler.run(artifact, (x,)), model(x), strict=True)] == [True, True]
+
+
+def test_a_results_stages_are_the_stage_tables_by_attribute_each_of_its_stages_type():
+    """`result.stages.partition` is typed: the fields are the stage table's names, each of the type
+    its stage returns (or a subclass of it)."""
+    import typing
+
+    import attrs
+
+    from compiler.ir import artifacts
+    from compiler.stages import STAGES
+
+    fields = attrs.fields(artifacts.StageArtifacts)
+    assert [field.name for field in fields] == [row.name for row in STAGES]
+    hints = typing.get_type_hints(artifacts.StageArtifacts, vars(artifacts))
+    for row in STAGES:
+        (declared,) = [t for t in typing.get_args(hints[row.name]) if t is not type(None)]
+        returns = row.load().returns
+        assert issubclass(returns, declared) or issubclass(declared, returns), (row.name, declared, returns)
+
+
+def test_a_compile_result_gives_each_stage_by_attribute_and_by_name():
+    import torch
+
+    import compiler
+    from compiler.ir.artifacts import PartitionedProgram
+
+    result = compiler.compile(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), "xnnpack", cache=False)
+    assert isinstance(result.stages.partition, PartitionedProgram)
+    assert result.stages["partition"] is result.stages.partition
+    stopped = compiler.compile(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), "xnnpack", cache=False,
+                               stop_after="fold")
+    assert stopped.stages.partition is None and "partition" not in stopped.stages
+    assert list(stopped.stages) == ["quantize", "capture", "precision", "fold"]

@@ -184,3 +184,27 @@ def test_a_run_stopped_before_partition_has_no_graph():
     assert [row["data-stage"] for row in dom.rows["stages"]] == ["capture"]
     assert "placement" not in dom.rows
     assert 'id="graph"' not in page and "cytoscape" not in page
+
+
+def _graph_section(page: str) -> str:
+    return page.split('<script type="application/json" id="graph-data">', 1)[1].split("</script>", 1)[0]
+
+
+def test_the_page_after_a_whole_stage_cache_hit_has_the_same_graph(tmp_path, capsys):
+    """A second run of the same command is served by the stage cache (every stage cached): its
+    page draws the same graph as a run without the cache (it said "the run stopped before the
+    partition stage")."""
+    from compiler.cli.main import main
+
+    pages = {}
+    for name, flags in (("first", []), ("cached", []), ("uncached", ["--no-cache"])):
+        page = tmp_path / f"{name}.html"
+        assert main(["compile", "mlp", "--backend", "xnnpack", "--cache-dir", str(tmp_path / "cache"), "-q",
+                     "--report-html", str(page), *flags]) == 0
+        pages[name] = page.read_text()
+    report = tmp_path / "cached.json"
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--cache-dir", str(tmp_path / "cache"), "-q",
+                 "--report-json", str(report), "--report-html", str(tmp_path / "again.html")]) == 0
+    stages = json.loads(report.read_text())["stages"]
+    assert all(stage["cached"] for stage in stages[stages.index(next(s for s in stages if s["stage"] == "capture")) + 1:])
+    assert _graph_section(pages["cached"]) == _graph_section(pages["uncached"]) == _graph_section(pages["first"])

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import compiler
+from compiler import backends
+from compiler.backends.mlx.llm_ops import MLX
 from compiler.ir.errors import UserInputError
 from compiler.models import llm, llm_ops
 from compiler.running.runtime import LoadedProgram
@@ -16,20 +18,20 @@ pytest.importorskip("transformers")
     "backend, chosen", [("portable", "llama"), ("xnnpack", "llama"), ("mlx", "mlx"), ("coreml", None)]
 )
 def test_the_backends_own_ops_are_chosen_with_the_reason(backend, chosen):
-    ops, why = llm_ops.choose(backend, None)
+    ops, why = llm_ops.choose(backends.load(backend), None)
     assert (ops and ops.name) == chosen
     assert (f"{chosen}:: ops" in why) if chosen else ("Core ML" in why and why.startswith("plain"))
-    off, why_off = llm_ops.choose(backend, False)
+    off, why_off = llm_ops.choose(backends.load(backend), False)
     assert off is None and why_off.startswith("plain")
 
 
 def test_asking_for_ops_a_backend_lacks_is_a_named_error():
     with pytest.raises(UserInputError, match="coreml"):
-        llm_ops.choose("coreml", True)
+        llm_ops.choose(backends.load("coreml"), True)
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma"])
-@pytest.mark.parametrize("ops", [llm_ops.LLAMA, llm_ops.MLX], ids=["llama", "mlx"])
+@pytest.mark.parametrize("ops", [llm_ops.LLAMA, MLX], ids=["llama", "mlx"])
 def test_the_rewritten_step_computes_the_models_logits(model, ops):
     text = llm.text_model(model, max_cache_len=16)
     step = llm_ops.rewritten_step(text, ops)
@@ -171,10 +173,10 @@ def test_a_model_with_sliding_window_layers_keeps_torchs_ops_and_says_why():
         bos_token_id=2, eos_token_id=1, pad_token_id=0,
     )
     text = llm.text_model(config, max_cache_len=16)
-    ops, why = llm_ops.choose("xnnpack", None, text)
+    ops, why = llm_ops.choose(backends.load("xnnpack"), None, text)
     assert ops is None and "sliding-window" in why and why.startswith("plain")
     with pytest.raises(UserInputError, match="sliding-window"):
-        llm_ops.choose("mlx", True, text)
+        llm_ops.choose(backends.load("mlx"), True, text)
 
 
 def test_the_cli_says_which_ops_and_turns_them_off(capsys):

@@ -50,11 +50,12 @@ def _render(result, location) -> str:
 
 def test_the_locate_command_prints_the_stages_and_exits_0_when_all_agree(capsys):
     from compiler.cli import locate
-    from compiler.cli.main import Terminal
+    from compiler.cli.terminal import Terminal
 
     terminal = Terminal(0)
     try:
-        args = argparse.Namespace(model="mlp", backend="portable", backend_option=[], report_html=None, report_json=None)
+        args = argparse.Namespace(model="mlp", backend="portable", backend_option=[], report_html=None, report_json=None,
+                                  tolerance=None)
         assert locate.run(args, terminal) == 0
     finally:
         terminal.close()

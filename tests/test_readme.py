@@ -75,3 +75,26 @@ def test_doc_links_resolve_inside_the_project():
 def test_the_readme_reads_in_five_minutes():
     """At most 200 lines: the two commands, what it is, a short tour, links; the rest is in docs/."""
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_readme_test_command_installs_what_every_default_test_needs():
+    """A test that skips without a module (importorskip, find_spec) has it installed by the README's
+    test command, unless it is not in the default run (the Ray sweep is `-m slow`)."""
+    import tomllib
+
+    command = (ROOT / "README.md").read_text().splitlines()[4]
+    installed = set(re.search(r"-e '\.\[([\w,]+)\]'", command).group(1).split(","))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for extra in installed for r in project["optional-dependencies"][extra])]
+    packages = {re.match(r"[\w.-]+", r).group(0).lower() for r in requirements}
+    distributions = {"model_explorer": "ai-edge-model-explorer", "mlx.core": "mlx"}
+    slow_only = {"ray"}
+    needed = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        needed |= set(re.findall(r"(?:importorskip|find_spec)\(\"([\w.]+)\"", path.read_text()))
+    assert needed, "the scan found no skipping test"
+    missing = sorted(m for m in needed - slow_only if distributions.get(m, m).lower() not in packages)
+    assert not missing, f"default tests skip without {missing}: add their extra to the README's test command"
+    sweeps = (ROOT / "tests" / "test_sweep.py").read_text()
+    assert sweeps.count('find_spec("ray")') == 1
+    assert '@pytest.mark.slow\n@pytest.mark.skipif(importlib.util.find_spec("ray")' in sweeps

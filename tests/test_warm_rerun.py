@@ -13,7 +13,7 @@ import pytest
 from compiler.cli.main import main
 from compiler.driver import cache as stage_cache, program_cache
 from compiler.driver.cache import ENTRY_SUFFIX
-from compiler.driver.config import STAGE_NAMES
+from compiler.driver.config import STAGE_NAMES, CompileConfig, split_options
 from compiler.driver.program_cache import ProgramCache, program_key
 from compiler.tools import sweeps
 
@@ -25,6 +25,15 @@ def make():
     torch.manual_seed(0)
     return torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4) * {scale},)
 """
+
+
+def _config(backend: str, backend_options=None, **options) -> CompileConfig:
+    return CompileConfig(backend=backend, backend_options=backend_options or {}).with_options(options)
+
+
+def _for_run(options) -> ProgramCache | None:
+    config_options, driving = split_options(options)
+    return ProgramCache.for_run(MODEL, _config("portable", **config_options), driving)
 
 
 def _compile(tmp_path, model, name, *flags):
@@ -57,22 +66,22 @@ def test_a_fresh_process_rerun_takes_the_program_without_capture_or_torch(tmp_pa
 
 
 def test_a_changed_option_or_backend_option_changes_the_key():
-    key = program_key(MODEL, "xnnpack", None, {})
-    assert key == program_key(MODEL, "xnnpack", None, {})
-    assert key != program_key(MODEL, "xnnpack", None, {"emit_extract_delegate_segments": False})
-    assert key != program_key(MODEL, "xnnpack", {"per_op_mode": True}, {})
-    assert key != program_key(MODEL, "portable", None, {})
-    assert key != program_key("mlp:features=8,hidden=16,layers=3", "xnnpack", None, {})
-    assert key != program_key(MODEL, "xnnpack", None, {}, calibration=2)
+    key = program_key(MODEL, _config("xnnpack"))
+    assert key == program_key(MODEL, _config("xnnpack"))
+    assert key != program_key(MODEL, _config("xnnpack", emit_extract_delegate_segments=False))
+    assert key != program_key(MODEL, _config("xnnpack", {"per_op_mode": True}))
+    assert key != program_key(MODEL, _config("portable"))
+    assert key != program_key("mlp:features=8,hidden=16,layers=3", _config("xnnpack"))
+    assert key != program_key(MODEL, _config("xnnpack"), calibration=2)
 
 
 def test_the_compilers_version_and_dependencies_are_in_the_key(monkeypatch):
-    key = program_key(MODEL, "portable", None, {})
+    key = program_key(MODEL, _config("portable"))
     monkeypatch.setattr(program_cache.stage_cache, "project_version", lambda: "0+edited")
-    assert program_key(MODEL, "portable", None, {}) != key
+    assert program_key(MODEL, _config("portable")) != key
     monkeypatch.undo()
     monkeypatch.setattr(program_cache, "dependency_versions", lambda: {"torch": "0.0"})
-    assert program_key(MODEL, "portable", None, {}) != key
+    assert program_key(MODEL, _config("portable")) != key
 
 
 def test_a_changed_model_file_or_option_misses(tmp_path):
@@ -98,16 +107,16 @@ def test_the_files_a_run_writes_beside_its_model_file_are_not_in_its_key(tmp_pat
     source = tmp_path / "net.py"
     source.write_text(MODEL_FILE.format(scale=1.0))
     model = f"{source}:make"
-    key = program_key(model, "portable", None, {}, written=[str(tmp_path / "r.json")])
+    key = program_key(model, _config("portable"), written=[str(tmp_path / "r.json")])
     (tmp_path / "r.json").write_text("{}")
     (tmp_path / "net.pte").write_bytes(b"")
-    assert program_key(model, "portable", None, {}, written=[str(tmp_path / "r.json")]) == key
-    assert program_key(model, "portable", None, {}) != key
+    assert program_key(model, _config("portable"), written=[str(tmp_path / "r.json")]) == key
+    assert program_key(model, _config("portable")) != key
 
 
 def test_a_corrupt_entry_is_compiled_again(tmp_path):
     assert _compile(tmp_path, MODEL, "cold") == []
-    programs = ProgramCache.for_run(MODEL, "portable", None, {"cache_dir": str(tmp_path / "cache")})
+    programs = _for_run({"cache_dir": str(tmp_path / "cache")})
     path = programs.cache.path(programs.key)
     with open(path, "r+b") as f:
         f.seek(os.path.getsize(path) // 2)
@@ -122,15 +131,15 @@ def test_no_program_cache_while_a_fix_is_off_or_a_run_must_see_every_stage(tmp_p
     from compiler.ir.fix_switches import fixes_off
 
     cache = {"cache_dir": str(tmp_path)}
-    assert ProgramCache.for_run(MODEL, "portable", None, cache) is not None
-    assert ProgramCache.for_run(MODEL, "portable", None, {**cache, "stop_after": "lower"}) is None
-    assert ProgramCache.for_run(MODEL, "portable", None, {**cache, "cache": False}) is None
-    assert not ProgramCache.for_run(MODEL, "portable", None, {**cache, "dump_dir": str(tmp_path)}).cache.read
-    assert not ProgramCache.for_run(MODEL, "portable", None, {**cache, "verify": False}).cache.write
+    assert _for_run(cache) is not None
+    assert _for_run({**cache, "stop_after": "lower"}) is None
+    assert _for_run({**cache, "cache": False}) is None
+    assert not _for_run({**cache, "dump_dir": str(tmp_path)}).cache.read
+    assert not _for_run({**cache, "verify": False}).cache.write
     from compiler.ir.kernel_fixes import FIXES
 
     with fixes_off("cpu_kernels", next(iter(FIXES))):
-        assert ProgramCache.for_run(MODEL, "portable", None, cache) is None
+        assert _for_run(cache) is None
 
 
 def test_a_warm_sweep_starts_no_worker(tmp_path, monkeypatch):

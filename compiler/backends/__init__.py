@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Mapping
 
 from compiler.ir.errors import UserInputError
-from compiler.ir.targets import BY_DELEGATE_ID, BY_NAME
+from compiler.ir.targets import BY_DELEGATE_ID, BY_NAME, Target
 
 if TYPE_CHECKING:
     from compiler.backends.base import Backend
@@ -84,10 +84,20 @@ def available() -> tuple[str, ...]:
     return tuple(BY_NAME)
 
 
+def target(name: str) -> Target:
+    """The targets table's entry for the backend named `name`; an unknown name is the user's error."""
+    if not isinstance(name, str) or name not in BY_NAME:
+        raise UserInputError(
+            f"unknown backend {name!r}",
+            hint=f"use one of: {', '.join(BY_NAME)}, or pass a compiler.backends.Backend object",
+        )
+    return BY_NAME[name]
+
+
 def load(name: str) -> type[Backend]:
     """The class of the backend named `name` (importing its package and dependencies)."""
-    target = BY_NAME[name]
-    return getattr(importlib.import_module(target.package), target.class_name)
+    entry = target(name)
+    return getattr(importlib.import_module(entry.package), entry.class_name)
 
 
 def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) -> Backend:
@@ -101,11 +111,6 @@ def resolve(backend: str | Backend, options: Mapping[str, Any] | None = None) ->
                 hint="build the backend object with those options instead",
             )
         return backend
-    if not isinstance(backend, str) or backend not in BY_NAME:
-        raise UserInputError(
-            f"unknown backend {backend!r}",
-            hint=f"use one of: {', '.join(BY_NAME)}, or pass a compiler.backends.Backend object",
-        )
     backend_class = load(backend)
     known = backend_class.option_names()
     unknown = sorted(set(options or {}) - set(known))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import abc
+import importlib
 import contextlib
 import inspect
-from typing import Callable, ClassVar, ContextManager, Mapping
+from typing import Any, Callable, ClassVar, ContextManager, Mapping
 
 import attrs
 import torch
@@ -13,6 +14,7 @@ from torch.export import ExportedProgram
 
 from executorch.exir.backend.partitioner import DelegationSpec
 
+from compiler.ir import targets
 from compiler.ir.dialect import op_name
 
 
@@ -46,6 +48,13 @@ class Backend(abc.ABC):
     # Whether the partition search sees the constants decomposition computed folded (the float
     # mask SDPA's decomposition makes of a constant bool mask, with `where` on the CPU otherwise).
     folds_decomposed_constants: ClassVar[bool] = False
+    # Its refusal rules (a `compiler.backends.node_rules.RuleBook`; None: it has none), listed in the docs.
+    refusal_rules: ClassVar[Any] = None
+    # The LLM ops its runtime has kernels for (a `compiler.models.llm_ops.BackendOps`; None: none),
+    # where they run, and why it has none: a generation program's decoder step calls them.
+    llm_ops: ClassVar[Any] = None
+    llm_ops_where: ClassVar[str] = "run by the runtime"
+    no_llm_ops: ClassVar[str | None] = None
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -73,3 +82,46 @@ class Backend(abc.ABC):
         """Entered around `to_backend`: where a backend installs conversion fixes, and skips the
         checks its dependencies repeat after every step unless `dependency_checks`."""
         return contextlib.nullcontext()
+
+    # --- what the driver asks of a backend besides partitioning -----------------------------
+
+    @classmethod
+    def target(cls) -> targets.Target:
+        """Its entry in the targets table: its data (names, schemes, options, memory factors)."""
+        return targets.BY_NAME[cls.name]
+
+    @classmethod
+    def pt2e_quantizer(cls, scheme: Any, granularity: str) -> Any:
+        """The PT2E quantizer for one of the PT2E schemes its target offers."""
+        raise NotImplementedError(f"the {cls.name} backend takes no PT2E scheme")
+
+    @classmethod
+    def weight_only_config(cls, bits: int, group_size: int | None) -> Any | None:
+        """Its own TorchAO config for a weight-only integer scheme (None: TorchAO's own)."""
+        return None
+
+    @classmethod
+    def why_layer_stays_float(cls, scheme: Any, columns: int, one_dimensional_input: bool) -> str | None:
+        """Why its kernels cannot take a Linear of `columns` input features quantized by
+        `scheme` (None: they can), so the layer stays in float with this reason."""
+        return None
+
+    @classmethod
+    def float32_options(cls) -> Mapping[str, Any] | None:
+        """The options that make it compute in float32 where it would compute in a lower
+        precision by default (None: it computes in each node's own dtype)."""
+        return None
+
+    @classmethod
+    def share_method_weights(cls, lowered: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The methods' lowered programs with the weights they share held once (by default, as given)."""
+        return lowered
+
+    @classmethod
+    def stock_partitioners(cls, options: Mapping[str, Any] | None = None) -> list:
+        """Stock ExecuTorch's partitioners for it, built with `options`: the stock path beside ours."""
+        where = cls.target().stock_partitioner
+        if where is None:
+            return []
+        module_name, class_name = where.split(":")
+        return [getattr(importlib.import_module(module_name), class_name)(**dict(options or {}))]

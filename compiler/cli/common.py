@@ -1,5 +1,5 @@
 """What the CLI's commands share: the places they will write, checked before any work starts,
-the backend options given as flags, and the pipeline's heavy imports."""
+and the backend options given as flags."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import os
 from typing import Any, Sequence
 
-from compiler import backends
 from compiler.ir.errors import UserInputError
 from compiler.process.writable import prove_file_writable, prove_folder_writable
 
@@ -63,14 +62,3 @@ def folder_to_write(flag: str, folder: str, given: str | None = None) -> str:
     except OSError as exc:
         raise UserInputError(f"{named}: no file can be written in the folder {folder!r} ({exc.strerror})", hint=hint) from None
     return folder
-
-
-def load_pipeline(backend: str | None) -> None:
-    """The pipeline's heavy imports, under a status line (they take seconds)."""
-    import compiler.driver.pipeline  # noqa: F401
-    from compiler.stages import default_stages
-
-    default_stages()
-
-    if backend:
-        backends.load(backend)

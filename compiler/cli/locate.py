@@ -1,7 +1,7 @@
 """`python -m compiler locate MODEL --backend B`: compile, then name the first stage and the first
 node whose numbers leave eager's, with the chain of errors from the inputs to it; and
-`report(...)`, which `compile --check --locate` calls on a failed check. With `--program FILE.pte`,
-no compile: the given `.pte` (built elsewhere) is located against MODEL (`compiler.locate_program`).
+with `--program FILE.pte`, no compile: the given `.pte` (built elsewhere) is located against MODEL
+(`compiler.locate_program`).
 
 Loads no torch until the command runs (`compiler.cli.main` builds every parser at start).
 """
@@ -11,21 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from compiler import backends
-from compiler.cli import common
+from compiler.cli import common, flags
+from compiler.cli.compile_command import print_location
 
 
 def add_parser(commands, talk: argparse.ArgumentParser) -> None:
     command = commands.add_parser(
-        "locate", parents=[talk],
+        "locate", parents=[talk, flags.backend_flags()],
         help="compile MODEL and name the first stage and node whose outputs leave eager's (inside delegates too)",
     )
     command.add_argument("model", help="a built-in example (name[:key=value,...]) or path/to/file.py:factory")
-    command.add_argument("--backend", choices=backends.available(), default="portable", help="default: portable")
-    command.add_argument(
-        "--backend-option", action="append", default=[], metavar="KEY=VALUE",
-        help="an option of the backend's partitioner (VALUE is read as JSON, else as a string)",
-    )
+    flags.add_tolerance_flag(command, "a stage's outputs")
     command.add_argument(
         "--report-html", metavar="FILE", help="write the compile report with the diverging node highlighted on the graph",
     )
@@ -45,24 +41,28 @@ def run(args: argparse.Namespace, terminal) -> int:
         return _run_program(args, terminal)
     html = common.file_to_write("--report-html", args.report_html)
     as_json = common.file_to_write("--report-json", args.report_json)
-    from compiler import api
-    from compiler.cli.live_progress import LiveProgress
-    from compiler.models.examples import resolve_model
+    from compiler.tools.compile_job import html_page, load_pipeline
 
-    terminal.quietly(f"loading ExecuTorch and the {args.backend} backend", common.load_pipeline, args.backend)
+    terminal.quietly(f"loading ExecuTorch and the {args.backend} backend", load_pipeline, args.backend)
+    from compiler import api
+    from compiler.models.examples import resolve_model
+    from compiler.tools.locate import locate_result
+
     module, inputs, dynamic_shapes = terminal.quietly("building the model", resolve_model, args.model)
-    instruments = [LiveProgress(terminal.err, terminal.live)] if terminal.verbosity >= 0 else []
     result = api.compile(
         module, inputs, args.backend, backend_options=common.backend_options(args.backend_option) or None,
-        dynamic_shapes=dynamic_shapes, instruments=instruments, cache=False, reproducer=False,
+        dynamic_shapes=dynamic_shapes, instruments=terminal.instruments(), cache=False, reproducer=False,
     )
-    location = report(terminal, result, module, inputs)
+    location = terminal.quietly("locating where the outputs diverge", locate_result, result, module, inputs,
+                                tolerance=args.tolerance)
+    print_location(terminal, location)
     if as_json:
         with open(as_json, "w") as f:
             json.dump(location.to_json(), f, indent=2)
         terminal.say(f"wrote {as_json}")
     if html:
-        write_html(html, result, location, f"{args.model} compiled for {args.backend}")
+        with open(html, "w") as f:
+            f.write(html_page(result.report, result, f"{args.model} compiled for {args.backend}", location))
         terminal.say(f"wrote {html}")
     return 1 if location.found else 0
 
@@ -83,54 +83,17 @@ def _run_program(args: argparse.Namespace, terminal) -> int:
     if not os.path.isfile(args.program):
         raise UserInputError(f"--program {args.program!r} is not a file", hint="give the path of a .pte")
     as_json = common.file_to_write("--report-json", args.report_json)
+    from compiler.tools.compile_job import load_pipeline
+
+    terminal.quietly("loading ExecuTorch", load_pipeline, None)
     from compiler.tools.locate import locate_program
 
     module, inputs, _ = terminal.quietly("building the model", resolve_model, args.model)
     location = terminal.quietly(f"locating where {args.program}'s outputs diverge", locate_program,
                                 args.program, module, inputs)
-    terminal.table(*location.stage_rows())
-    if terminal.verbosity >= 0 or location.found:
-        text = location.describe()
-        if not location.found and location.note:  # describe says only that the outputs agree
-            text += "\n" + location.note
-        terminal.out.print("\n" + text, highlight=False, markup=False)
+    print_location(terminal, location)
     if as_json:
         with open(as_json, "w") as f:
             json.dump(location.to_json(), f, indent=2)
         terminal.say(f"wrote {as_json}")
     return 1 if location.found else 0
-
-
-def report(terminal, result, module, inputs, backend=None):
-    """Locate and print: the stage table, then the finding (even with -q when something diverges)."""
-    from compiler.tools.locate import locate_result
-
-    location = terminal.quietly("locating where the outputs diverge", locate_result, result, module, inputs,
-                                backend=backend)
-    terminal.table(*location.stage_rows())
-    if terminal.verbosity >= 0 or location.found:
-        terminal.out.print("\n" + location.describe(), highlight=False, markup=False)
-    return location
-
-
-def write_html(path: str, result, location, title: str) -> None:
-    from compiler.reporting.html_report import render_html
-
-    page = render_html(result.report, result.stages.get("partition"), title=title, located=location.highlight())
-    with open(path, "w") as f:
-        f.write(page)
-
-
-def add_compile_flag(compile_cmd: argparse.ArgumentParser) -> None:
-    """`compile --check --locate`."""
-    compile_cmd.add_argument(
-        "--locate", action="store_true",
-        help="with --check: when the check fails, name the first stage and node whose outputs leave eager's",
-    )
-
-
-def after_check(args: argparse.Namespace, terminal, result, module, inputs, check):
-    """`compile --check --locate`: the Location of a failed check (printed), else None."""
-    if not getattr(args, "locate", False) or check is None or check.passed:
-        return None
-    return report(terminal, result, module, inputs)

@@ -328,6 +328,7 @@ class StageCache:
             delegates=row.get("delegates"),
             cpu_ops=row.get("cpu_ops"),
             metrics=row.get("metrics", {}),
+            notes=row.get("notes", ()),
             cached=True,
             saved_seconds=row.get("seconds", 0.0) + row.get("verify_seconds", 0.0),
         )

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping, TextIO
 
 import attrs
 
+from compiler.ir import targets
 from compiler.ir.errors import UserInputError
 from compiler.stages import STAGE_NAMES, STAGE_OPTIONS
 from compiler.stages.options import PATH, STREAM, NoOptions, kind_mismatch, option
@@ -36,7 +37,7 @@ def _stage_options_field(stage: str):
 
 @attrs.frozen(
     these={
-        "backend": attrs.field(default="portable"),
+        "backend": attrs.field(default=targets.DEFAULT),
         # The backend's own options (those of ExecuTorch's partitioner for it); checked by the backend.
         "backend_options": attrs.field(factory=dict, converter=dict),
         # One field per stage that takes options, named after it (`config.fold`: its FoldOptions).
@@ -50,7 +51,7 @@ class CompileConfig:
         if not isinstance(self.backend, str):
             raise UserInputError(
                 f"the backend must be named by a string, got {type(self.backend).__name__}",
-                hint="pass a backend name, e.g. backend='xnnpack'",
+                hint=f"pass a backend name: one of {', '.join(targets.BY_NAME)}",
             )
 
     @property
@@ -116,7 +117,10 @@ def _lists(value: Any) -> Any:
 class DriverOptions:
     """How one run is driven; none of these changes the program, so none is replayed."""
 
-    verify: bool = option(True, "check each stage's output against its artifact type's invariants")
+    verify: bool = option(
+        True, "check each stage's output against its artifact type's invariants",
+        off="skip checking each stage's output (a stage's bad output then shows later, if at all)",
+    )
     dump_dir: str | None = option(
         None, "write each stage's graph and resumable stage file here", kind=str, metavar="DIR", takes=PATH
     )
@@ -124,14 +128,18 @@ class DriverOptions:
         False, "print a stage's graph after it when it changed it", kind=bool, takes=STREAM
     )
     capture_dependency_output: bool = option(
-        True, "keep what dependencies print, warn and log off the terminal: it goes into the report's stage messages"
+        True, "keep what dependencies print, warn and log off the terminal: it goes into the report's stage messages",
+        off="let dependencies print, warn and log to the terminal as they run",
     )
     stop_after: str | None = option(None, "stop after this stage and return its artifact", kind=str, choices=STAGE_NAMES)
     resume_from: str | None = option(
         None, "continue the run recorded in this stage file (its backend and options, unless given)", kind=str, metavar="FILE",
         takes=PATH,
     )
-    reproducer: bool = option(True, "on a failure, save the failing stage's input as a stage file, in reproducer_dir")
+    reproducer: bool = option(
+        True, "on a failure, save the failing stage's input as a stage file, in reproducer_dir",
+        off="save nothing when a stage fails",
+    )
     reproducer_dir: str | None = option(
         None, "where the failing stage's input is saved (default: dump_dir; with neither, the API saves nothing and "
         "the CLI uses the cache folder $XDG_CACHE_HOME/staged-compiler/reproducers, else ~/.cache/..., where each "
@@ -139,7 +147,8 @@ class DriverOptions:
     )
     memory_check: bool = option(
         True, "refuse, before it starts, a compile the machine has not the memory for (an estimate from the model's "
-        "weights against the memory available)"
+        "weights against the memory available)",
+        off="start the compile whatever memory it is estimated to need",
     )
     dependency_checks: bool = option(
         False, "also run the checks ExecuTorch's to_backend and coremltools repeat after every step "
@@ -148,7 +157,8 @@ class DriverOptions:
     cache: bool = option(
         True, "load a stage's output from the stage cache when its inputs, options and versions are unchanged, "
         "and store what ran there (a run with dump_dir, print_after_change or resume_from does not load); the CLI's "
-        "compile and sweeps also take a whole program from it by the MODEL spec, options and versions, with no capture"
+        "compile and sweeps also take a whole program from it by the MODEL spec, options and versions, with no capture",
+        off="compile every stage, neither loading from the stage cache nor storing in it"
     )
     cache_dir: str | None = option(
         None, "the stage cache's folder (without it, the API caches nothing and the CLI uses "
@@ -182,6 +192,7 @@ class OptionSpec:
     in_config: bool = True  # False: a DriverOptions field
     takes: str | None = None  # what a value may be besides its kind (compiler.stages.options)
     converter: Any = None  # the field's, applied before the kind is checked (op objects to names)
+    off: str | None = None  # what the `--no-` flag of an option on by default does
 
     def check(self, value: Any) -> None:
         """A `UserInputError` naming this option when `value` is not of its kind."""
@@ -200,7 +211,7 @@ class OptionSpec:
 
     @property
     def flag_help(self) -> str:
-        return f"{self.help} (on by default; this flag turns it off)" if self.flag.startswith("--no-") else self.help
+        return self.off if self.flag.startswith("--no-") and self.off else self.help
 
     @property
     def repeated(self) -> bool:
@@ -215,7 +226,7 @@ def _specs(cls: type, stage: str | None, in_config: bool) -> Iterator[OptionSpec
         name = meta.get("name") or (stage if meta.get("primary") else f"{stage}_{f.name}" if stage else f.name)
         yield OptionSpec(
             name, stage, f.name, meta["kind"], f.default, meta["help"], meta["choices"], meta["metavar"], in_config,
-            meta["takes"], f.converter,
+            meta["takes"], f.converter, meta.get("off"),
         )
 
 
@@ -251,7 +262,8 @@ def options_table() -> str:
         default = "-" if spec.default in (None, ()) else f"`{spec.default!r}`"
         flag = spec.flag + (" (repeat)" if spec.repeated else "")
         choices = f" ({' / '.join(spec.choices)})" if spec.choices and spec.stage else ""
-        lines.append(f"| {spec.stage or 'driver'} | `{spec.name}` | `{flag}` | {default} | {spec.flag_help}{choices} |")
+        what = spec.help + (f" (`{spec.flag}`: {spec.off})" if spec.off else "")
+        lines.append(f"| {spec.stage or 'driver'} | `{spec.name}` | `{flag}` | {default} | {what}{choices} |")
     return "\n".join(lines)
 
 
@@ -323,7 +335,7 @@ def decode(data: Any) -> Any:
     raise ValueError(f"unknown tagged value {sorted(data)}")
 
 
-_DEPENDENCIES = ("torch", "executorch", "coremltools", "mlx")
+_DEPENDENCIES = ("torch", "executorch", *(name for target in targets.TARGETS for name in target.dependencies))
 
 
 def dependency_versions() -> dict[str, str | None]:

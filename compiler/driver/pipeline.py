@@ -22,7 +22,7 @@ from compiler.process.collector import scans_only_new_objects
 from compiler.driver.config import CompileConfig
 from compiler.driver.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
-from compiler.reporting.report import Report, StageRecord
+from compiler.reporting.report import Report, StageRecord, plain_phrase
 from compiler.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class Pipeline:
                     program_state=config.program_state,
                 )
                 artifact = self._run_stage(stage, artifact, ctx, instruments)
-                record = _stage_record(stage.name, ctx.metrics, instruments)
+                record = _stage_record(stage, ctx.metrics, instruments)
                 logger.info("%s: %.3f s, nodes %s -> %s", stage.name, record.seconds, record.nodes_in, record.nodes_out)
                 records.append(record)
                 artifacts[stage.name] = artifact
@@ -155,13 +155,20 @@ class Pipeline:
         raise failure
 
 
-_RECORD_FIELDS = frozenset(attrs.fields_dict(StageRecord)) - {"stage", "metrics"}
+_RECORD_FIELDS = frozenset(attrs.fields_dict(StageRecord)) - {"stage", "metrics", "notes"}
 
 
-def _stage_record(stage: str, metrics: dict[str, Any], instruments: Sequence[Instrument]) -> StageRecord:
+def _stage_record(stage: Stage, metrics: dict[str, Any], instruments: Sequence[Instrument]) -> StageRecord:
+    """The stage's row: the instruments' fields, its metrics in its own words, then any other
+    key an instrument gave as `key: value`."""
     fields: dict[str, Any] = {}
-    notes = dict(metrics)
+    notes = [stage.phrase(key, value) for key, value in metrics.items()]
+    extra = dict(metrics)
     for instrument in instruments:
-        for key, value in instrument.record(stage).items():
-            (fields if key in _RECORD_FIELDS else notes)[key] = value
-    return StageRecord(stage=stage, metrics=notes, **fields)
+        for key, value in instrument.record(stage.name).items():
+            if key in _RECORD_FIELDS:
+                fields[key] = value
+            else:
+                extra[key] = value
+                notes.append(plain_phrase(key, value))
+    return StageRecord(stage=stage.name, metrics=extra, notes=tuple(notes), **fields)

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 from compiler.driver import cache as stage_cache
-from compiler.driver.config import CompileConfig, dependency_versions, split_options
+from compiler.driver.config import CompileConfig, DriverOptions, dependency_versions
 from compiler.ir.program_data import ProgramData, program_data, save_program
 from compiler.reporting.report import Report, StageRecord
 
@@ -131,17 +131,14 @@ def _versions() -> dict[str, str | None]:
 
 def program_key(
     model: str,
-    backend: str,
-    backend_options: Mapping[str, Any] | None,
-    config_options: Mapping[str, Any],
+    config: CompileConfig,
     dynamic_dim: Sequence[Any] = (),
     calibration: str | int | None = None,
     written: Sequence[str] = (),
 ) -> str | None:
-    """The key of a whole compile of the MODEL spec `model` (`config_options`: the options
-    that go into the configuration; `calibration`: a calibration file's path or a number of
-    draws; `written`: the files the run writes); None (logged) when it cannot be keyed."""
-    config = CompileConfig(backend=backend, backend_options=dict(backend_options or {})).with_options(config_options)
+    """The key of a whole compile of the MODEL spec `model` with `config` (`calibration`: a
+    calibration file's path or a number of draws; `written`: the files the run writes); None
+    (logged) when it cannot be keyed."""
     data = config.to_json()
     if data.get("unrecorded"):
         logger.info("program cache not used: backend option(s) %s cannot be recorded", ", ".join(sorted(data["unrecorded"])))
@@ -176,21 +173,18 @@ class ProgramCache:
     def for_run(
         cls,
         model: str,
-        backend: str,
-        backend_options: Mapping[str, Any] | None,
-        options: Mapping[str, Any],
+        config: CompileConfig,
+        driving: DriverOptions,
         dynamic_dim: Sequence[Any] = (),
         calibration: str | int | None = None,
         written: Sequence[str] = (),
     ) -> "ProgramCache | None":
-        """The program cache of a compile of `model` with `options` (compile options by their
-        names, the run's included; the rest as `program_key`'s), or None when the run is not
-        cached or not keyed."""
-        config_options, driving = split_options(options)
+        """The program cache of a compile of `model` with `config` and the run's options
+        `driving` (the rest as `program_key`'s), or None when the run is not cached or not keyed."""
         cache = stage_cache.StageCache.for_run(driving)
         if cache is None or driving.stop_after:
             return None
-        key = program_key(model, backend, backend_options, config_options, dynamic_dim, calibration, written)
+        key = program_key(model, config, dynamic_dim, calibration, written)
         return cls(cache, key) if key is not None else None
 
     def load(self) -> CachedProgram | None:

@@ -279,3 +279,43 @@ STAGE_ARTIFACT_TYPES = (
     LoweredProgram,
     ExecutorchProgram,
 )
+
+
+@attrs.frozen
+class StageArtifacts(Mapping[str, Any]):
+    """Each stage's artifact a run produced, by attribute (typed) or by stage name (a stage that
+    did not run, or whose output the stage cache stood in for without loading it, is None and
+    absent from the mapping). The fields are the stage table's names (a test holds them to it)."""
+
+    quantize: EagerModel | None = None
+    capture: AtenProgram | None = None
+    precision: AtenProgram | None = None
+    fold: AtenProgram | None = None
+    dry_run: PlannedProgram | None = None
+    decompose: EdgeProgram | None = None
+    partition: PartitionedProgram | None = None
+    split_constants: SplitProgram | None = None
+    lower: LoweredProgram | None = None
+    emit: ExecutorchProgram | None = None
+
+    @classmethod
+    def of(cls, artifacts: Mapping[str, Any]) -> "StageArtifacts":
+        """From a mapping by stage name; a name that is no stage's is an error."""
+        if isinstance(artifacts, cls):
+            return artifacts
+        return cls(**dict(artifacts))
+
+    def __getitem__(self, name: str) -> Any:
+        value = getattr(self, name, None) if name in _STAGE_FIELDS else None
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self):
+        return (name for name in _STAGE_FIELDS if getattr(self, name) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+_STAGE_FIELDS = tuple(field.name for field in attrs.fields(StageArtifacts))

@@ -20,7 +20,7 @@ from torch import nn
 from compiler.models import model_suite
 from compiler.models.catalog import check_model_spec, is_checkpoint_spec
 from compiler.models.checkpoint import load_checkpoint
-from compiler.ir.errors import UserInputError
+from compiler.ir.errors import CompileError, UserInputError
 
 
 class MLP(nn.Module):
@@ -232,10 +232,11 @@ def _inputs_digest(inputs: tuple) -> bytes:
 def _made(spec: str, factory: Callable, kwargs: dict[str, Any]) -> tuple[nn.Module, tuple, Any]:
     try:
         made = factory(**kwargs)
+    except CompileError:  # the factory's own named error says what to do; no advice of ours on top
+        raise
     except Exception as exc:
         raise UserInputError(
-            f"the model factory for {spec!r} failed: {type(exc).__name__}: {exc}",
-            hint="check the factory's arguments and that it runs on its own",
+            f"the model factory for {spec!r} failed: {type(exc).__name__}: {exc}", hint=_factory_hint(factory, exc),
         ) from exc
     if not isinstance(made, tuple) or len(made) not in (2, 3):
         raise UserInputError(
@@ -244,6 +245,17 @@ def _made(spec: str, factory: Callable, kwargs: dict[str, Any]) -> tuple[nn.Modu
         )
     module, inputs, *rest = made
     return module, inputs, rest[0] if rest else None
+
+
+def _factory_hint(factory: Callable, error: Exception) -> str:
+    """The advice that applies: a factory called with keywords it does not take names those it does."""
+    if isinstance(error, TypeError) and "keyword argument" in str(error):
+        try:
+            takes = [name for name in inspect.signature(factory).parameters if name != "seed"]
+        except (TypeError, ValueError):
+            takes = []
+        return f"it takes {', '.join(takes)}" if takes else "it takes no keywords"
+    return "run the factory on its own to see where it fails"
 
 
 def _parse_kwargs(text: str, spec: str) -> dict[str, Any]:

@@ -7,9 +7,10 @@ as ExecuTorch's own LLM exports do.
   is kept as [batch, positions, kv heads, head dim], the ops' layout, and written in place at the
   call's first position; the attention reads the cache up to the call's last position with a
   causal mask, and repeats kv heads itself.
-- `mlx`: MLX's `mlx::kv_cache_update` and `mlx::custom_sdpa`, which its payload handlers lower to
-  a SliceUpdate of the cache and Slice + SDPA nodes (the cache and attention of ExecuTorch's
-  `backends/mlx/llm`, installed as its LLM export does).
+- a backend's own (MLX's `mlx::kv_cache_update` and `mlx::custom_sdpa`: `compiler.backends.mlx.llm_ops`),
+  a `BackendOps` its package defines.
+
+Which backend calls which is its `Backend.llm_ops` (with `no_llm_ops`, why it has none).
 
 The eager model is not touched: the rewritten step is built on a copy, so the check still
 compares the program with the model as given.
@@ -27,9 +28,8 @@ from compiler.ir.errors import UserInputError
 from compiler.models import llm
 from compiler.models.model_suite import DecoderStep
 
-# The attention implementation names registered with transformers for the rewritten steps.
+# The attention implementation name registered with transformers for the rewritten step.
 LLAMA_ATTENTION = "staged_compiler_llama_ops"
-MLX_ATTENTION = "mlx"  # the name ExecuTorch's register_mlx_attention registers
 
 
 @attrs.frozen
@@ -112,18 +112,7 @@ def _rewrite_llama(hf_model, exportable, cache_len: int) -> None:
         setattr(exportable, f"value_cache_{index}", values)
 
 
-def _rewrite_mlx(hf_model, exportable, cache_len: int) -> None:
-    from executorch.backends.mlx.llm.hf_attention import register_mlx_attention
-    from executorch.backends.mlx.llm.source_transformation import replace_hf_cache_with_mlx
-
-    register_mlx_attention(MLX_ATTENTION)
-    hf_model.config._attn_implementation = MLX_ATTENTION
-    dtype = exportable.static_cache.layers[0].keys.dtype
-    replace_hf_cache_with_mlx(exportable, hf_model.config, max_batch_size=1, max_cache_len=cache_len, dtype=dtype)
-    _counted(exportable.static_cache)
-
-
-def _counted(cache: Any) -> None:
+def count_cache_writes(cache: Any) -> None:
     """Each layer's update adds the tokens it wrote to its `cumulative_length`, as transformers'
     StaticLayer does. A length the call only sets is a buffer whose new value is a one-token call's
     no-op slice of `cache_position`, which the Edge passes make the input itself, and the program
@@ -139,13 +128,6 @@ def _counted(cache: Any) -> None:
 
 
 LLAMA = BackendOps("llama", ("update_cache", "custom_sdpa"), _rewrite_llama)
-MLX = BackendOps("mlx", ("kv_cache_update", "custom_sdpa"), _rewrite_mlx)
-# Which backend has which: its runtime (or delegate) has kernels for them.
-BY_BACKEND = {"portable": LLAMA, "xnnpack": LLAMA, "mlx": MLX}
-WHY_NOT = {
-    "coreml": "ExecuTorch has no Core ML LLM ops: Core ML keeps the static cache as its own state (iOS 18) and "
-    "converts the attention itself",
-}
 
 
 def register_ops() -> None:
@@ -171,27 +153,27 @@ def _hybrid_cache(model: llm.TextModel | None) -> bool:
 
 
 def choose(
-    backend: str, wanted: bool | None, model: llm.TextModel | None = None
+    backend_class: Any, wanted: bool | None, model: llm.TextModel | None = None
 ) -> tuple[BackendOps | None, str]:
-    """The ops a generation program of `backend` calls, and why: the backend's own when it has
-    them, the model's cache is one they replace, and they are not turned off (`wanted=False`);
-    `wanted=True` where they do not apply is an error."""
-    ops = BY_BACKEND.get(backend)
+    """The ops a generation program of the backend (its `Backend` class) calls, and why: the
+    backend's own when it has them, the model's cache is one they replace, and they are not
+    turned off (`wanted=False`); `wanted=True` where they do not apply is an error."""
+    backend, ops = backend_class.name, backend_class.llm_ops
     if ops is not None and _hybrid_cache(model):
         ops, why = None, (
             f"the model has sliding-window layers, exported with transformers' hybrid cache, which the "
             f"{backend} LLM ops' rewrite (of a static cache) does not cover"
         )
     elif ops is None:
-        why = WHY_NOT.get(backend, f"{backend} has no LLM ops of its own")
+        why = backend_class.no_llm_ops or f"{backend} has no LLM ops of its own"
     if ops is None:
         if wanted:
             raise UserInputError(f"backend LLM ops asked for on {backend}: {why}", hint="leave them off here")
         return None, f"plain attention and cache update: {why}"
     if wanted is False:
         return None, f"plain attention and cache update: the backend's {ops.describe()} turned off"
-    where = "called on the CPU beside the delegate" if backend == "xnnpack" else "run by the runtime"
-    return ops, f"{ops.describe()}: {backend} has kernels for them ({where}), replacing the cache's index_copy and SDPA"
+    return ops, (f"{ops.describe()}: {backend} has kernels for them ({backend_class.llm_ops_where}), replacing the "
+                 "cache's index_copy and SDPA")
 
 
 def rewritten_step(model: llm.TextModel, ops: BackendOps) -> DecoderStep:

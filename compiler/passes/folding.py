@@ -217,7 +217,8 @@ def _evaluate(
     for node in ep.graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
             if compute:
-                logger.warning("fold: not folding inside control flow (%s)", node.name)
+                # A handled limit, not the user's to act on: said with -v.
+                logger.info("fold: not folding inside control flow (%s)", node.name)
             continue
         if node in written or not _foldable(node, skip, tiny_fills) or not _all_constant((node.args, node.kwargs), known):
             continue

@@ -30,8 +30,10 @@ class StageRecord:
     # the OS does not say, or for a stage the cache gave).
     rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
-    # What the stage itself reported (e.g. the fold stage's constants created).
+    # What the stage itself reported (e.g. the fold stage's constants created), and the same in
+    # words (each by the stage's declared `Metric`), for the notes column.
     metrics: Mapping[str, Any] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     # What the dependencies printed, warned or logged while the stage ran (kept off the terminal).
     messages: tuple[str, ...] = ()
     # Loaded from the stage cache instead of run (`seconds` is then the load, 0 for a stage
@@ -48,7 +50,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _count(n: int, one: str, many: str | None = None) -> str:
+def counted(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
@@ -65,63 +67,31 @@ def _peak_cell(records: Sequence[StageRecord]) -> str:
     return f"peak {max(peaks) / GB:.2f}" if peaks else ""
 
 
-def _kib(n: int) -> str:
+def kib(n: int) -> str:
     return f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} KiB"
 
 
-# Metric key (what a stage put in `ctx.metrics`) -> its value in words for the notes column.
-# The dry run's `skipped` and `because` values are sentences already.
-_METRIC_PHRASES: dict[str, Callable[[Any], str]] = {
-    # quantize
-    "conv1d_as_linear": lambda n: f"quantized {_count(n, 'Conv1D layer')} as the Linear it is (weight transposed)",
-    # capture
-    "constants_made_buffers": lambda n: f"made {_count(n, 'constant')} the model writes to into buffers",
-    "selects_by_tensor": lambda n: f"rewrote {_count(n, 'select')} by a tensor value as index_select",
-    "mutation_sources_cloned": lambda n: f"cloned {_count(n, 'value')} a mutated buffer would share",
-    "vmap_inlined": lambda _: "inlined vmap regions",
-    "views_owned": lambda n: f"gave {_count(n, 'constant view')} its own storage",
-    "constants_made_row_major": lambda n: f"made {_count(n, 'constant')} row-major",
-    # precision
-    "precision": lambda why: why,
-    "dtype": lambda dtype: f"computes in {dtype}",
-    "tensors_converted": lambda n: f"stored {_count(n, 'weight or buffer', 'weights and buffers')} in it",
-    "dtype_arguments": lambda n: f"retargeted {_count(n, 'cast or factory', 'casts and factories')}",
-    "edge_casts": lambda n: f"cast {_count(n, 'input or output', 'inputs and outputs')} at the edges",
-    "casts_added": lambda n: f"added {_count(n, 'cast')} inside",
-    # fold
-    "folded": lambda n: f"folded {_count(n, 'node')} into constants" if n else "folded nothing",
-    "constants": lambda n: f"made {_count(n, 'constant')}",
-    "bytes_added": lambda n: f"added {_kib(n)} of constants",
-    "bytes_removed": lambda n: f"removed {_kib(n)} of constants",
-    "masks": lambda n: f"turned {_count(n, 'constant bool mask')} into index positions",
-    # dry_run
-    "opened": lambda ops: f"decomposed one level first, as they hold ops the backend keeps whole: {ops}",
-    "kept": lambda n: f"kept {_count(n, 'op')} whole for the backend" if n else "kept no op whole",
-    "skipped": lambda why: f"no dry run needed: {why}",
-    "because": lambda why: f"dry run needed: {why}",
-    "decomposed": lambda ops: f"decomposed after all (would run on the CPU without a kernel): {ops}",
-    "decomposition_handed_on_s": lambda s: f"handed its decomposition ({s:.2f} s) on to the decompose stage",
-    "search_handed_on_s": lambda s: f"handed its partition search ({s:.2f} s) on to the partition stage",
-    # decompose
-    "from_dry_run": lambda _: "the dry run's decomposition, which kept exactly these ops whole",
-    "retraced": lambda why: f"decomposed by torch's retrace (node by node failed: {why})",
-    # partition
-    "search_from_dry_run": lambda _: "the dry run's partition search of this very program",
-    "program_state": lambda names: f"kept state other methods write the program's (not a delegate's constant): {names}",
-    # split_constants
-    "copies": lambda n: f"made {_count(n, 'constant copy', 'constant copies')} for delegates sharing one"
-    if n else "no constant copies needed",
-    # emit
-    "initialized_state": lambda n: f"kept the initial value of {_count(n, 'CPU buffer')}",
-    "pte_bytes": lambda n: f".pte of {_kib(n)}",
-    "ptd_bytes": lambda n: f"weights in a .ptd of {_kib(n)}",
-}
+@attrs.frozen
+class Metric:
+    """A number or fact a stage reports in its row: its key in `ctx.metrics`, its unit, and how
+    the notes column says it. Each stage declares its own (`Stage.metrics`), beside itself."""
+
+    name: str
+    unit: str  # "count", "bytes", "s", "text" or "flag"
+    wording: Callable[[Any], str]
+
+    def phrase(self, value: Any) -> str:
+        return self.wording(value)
+
+    @classmethod
+    def plain(cls, name: str, unit: str) -> "Metric":
+        """One the notes say as `name: value`."""
+        return cls(name, unit, lambda value: plain_phrase(name, value))
 
 
-def metric_phrase(key: str, value: Any) -> str:
-    """A stage's metric in words; a key without a phrase shows as `key: value`."""
-    phrase = _METRIC_PHRASES.get(key)
-    return phrase(value) if phrase else f"{key.replace('_', ' ')}: {_cell(value)}"
+def plain_phrase(key: str, value: Any) -> str:
+    """A value without wording of its own (an instrument's extra key): `key: value`."""
+    return f"{key.replace('_', ' ')}: {_cell(value)}"
 
 
 def _cached_phrase(record: StageRecord) -> str:
@@ -193,7 +163,7 @@ class Report:
                 _cell(r.delegates),
                 _cell(r.cpu_ops),
                 memory_cell(r.rss_bytes, r.peak_rss_bytes),
-                "; ".join(([_cached_phrase(r)] if r.cached else []) + [metric_phrase(k, v) for k, v in r.metrics.items()]),
+                "; ".join(([_cached_phrase(r)] if r.cached else []) + list(r.notes)),
             ]
             for r in self.stages
         ]
@@ -273,7 +243,7 @@ class Report:
             "resumed_from": self.resumed_from,
             "overrides": [attrs.asdict(o) for o in self.overrides],
             "stages": [
-                {**attrs.asdict(r), "notes": ([_cached_phrase(r)] if r.cached else []) + [metric_phrase(k, v) for k, v in r.metrics.items()]}
+                {**attrs.asdict(r), "notes": ([_cached_phrase(r)] if r.cached else []) + list(r.notes)}
                 for r in self.stages
             ],
             "shares": [{**attrs.asdict(s), "percent": s.percent} for s in plan.shares()] if plan else [],

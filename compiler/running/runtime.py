@@ -351,11 +351,13 @@ class CheckResult:
         sizes += f" (the errors are at {self.worst_at})" if self.worst_at else ""
         failed = f"; failed {self.error}" if self.error else ""
         own = self.max_abs_error <= self.tolerance.absolute and not failed and not integers
+        # The verdict follows the error it is judged on; the relative error is said after it, for
+        # information (it is large wherever an output is near zero).
         line = (
-            f"check{against}: {self.outputs} output(s), max abs error {self.max_abs_error:.3g}, "
-            f"max rel error {self.max_rel_error:.3g} -> "
+            f"check{against}: {self.outputs} output(s), max abs error {self.max_abs_error:.3g} -> "
             f"{'OK' if own else 'over its float16 tolerance' if self.judged_at_float32 else 'MISMATCH'} "
-            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}){besides}{sizes}{failed}"
+            f"(tolerance {self.tolerance.absolute:.3g}, {self.tolerance.rule}{integers}); "
+            f"max rel error {self.max_rel_error:.3g}{besides}{sizes}{failed}"
         )
         if self.float32_skipped is not None:
             return f"{line}\nthe same partitions converted computing in float32: not checked: {self.float32_skipped}"
@@ -437,10 +439,10 @@ def _in_dtype(program: Any, model: torch.nn.Module, inputs: Sequence[Any], dtype
     """The eager model computing in `dtype`: for the model the program was compiled from, the
     precision stage's own program run eagerly (its casts inside the model rewritten too: a cast
     module would still round through them, and mix dtypes); else the model and inputs cast."""
-    stages = getattr(program, "stages", None) or {}
-    compiled = stages.get("quantize")
-    if "precision" in stages and compiled is not None and compiled.module is model:
-        return stages["precision"].program.module(), tuple(inputs)
+    stages = getattr(program, "stages", None)  # a CompileResult's StageArtifacts
+    compiled, precision = getattr(stages, "quantize", None), getattr(stages, "precision", None)
+    if compiled is not None and precision is not None and compiled.module is model:
+        return precision.program.module(), tuple(inputs)
     return cast_copy(model, inputs, dtype)
 
 

@@ -9,7 +9,9 @@ from typing import Any, ClassVar, ContextManager
 import attrs
 
 from compiler.backends.base import Backend
+from compiler.ir.errors import PipelineError
 from compiler.ir.private_api import exported_program_validation_skipped
+from compiler.reporting.report import Metric
 from compiler.stages import row_for_module
 from compiler.stages.options import NoOptions
 
@@ -47,6 +49,8 @@ class Stage(abc.ABC):
     returns: ClassVar[type]
     # The options this stage reads (a frozen attrs class, `compiler.stages.options`).
     options: ClassVar[type] = NoOptions
+    # What it may put in `ctx.metrics` for the report: each key's unit and wording.
+    metrics: ClassVar[tuple[Metric, ...]] = ()
 
     def __init_subclass__(
         cls, *, takes: type, returns: type, name: str | None = None, options: type | None = None, **kwargs
@@ -62,6 +66,16 @@ class Stage(abc.ABC):
     @abc.abstractmethod
     def apply(self, artifact: Any, ctx: StageContext) -> Any:
         """Turn an artifact of type `takes` into one of type `returns`."""
+
+    def phrase(self, key: str, value: Any) -> str:
+        """A metric this stage reported, in words; one it does not declare is our bug, named."""
+        for metric in self.metrics:
+            if metric.name == key:
+                return metric.phrase(value)
+        raise PipelineError(
+            f"stage {self.name!r} reported the metric {key!r}, which it does not declare",
+            stage=self.name, hint="declare it in the stage's `metrics` (name, unit, wording)",
+        )
 
     def check_options(self, options: Any) -> None:
         """Raise a `UserInputError` for options this stage cannot use. The driver asks every

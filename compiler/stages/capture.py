@@ -88,6 +88,7 @@ from compiler.ir.errors import CaptureError, UserInputError
 from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
 from compiler.stages.base import Stage, StageContext
+from compiler.reporting.report import Metric, counted
 
 logger = logging.getLogger(__name__)
 
@@ -405,6 +406,15 @@ def _refuse_unbounded_sizes(program) -> None:
 
 
 class Capture(Stage, takes=EagerModel, returns=AtenProgram):
+    metrics = (
+        Metric("constants_made_buffers", "count", lambda n: f"made {counted(n, 'constant')} the model writes to into buffers"),
+        Metric("selects_by_tensor", "count", lambda n: f"rewrote {counted(n, 'select')} by a tensor value as index_select"),
+        Metric("mutation_sources_cloned", "count", lambda n: f"cloned {counted(n, 'value')} a mutated buffer would share"),
+        Metric("vmap_inlined", "flag", lambda _: "inlined vmap regions"),
+        Metric("views_owned", "count", lambda n: f"gave {counted(n, 'constant view')} its own storage"),
+        Metric("constants_made_row_major", "count", lambda n: f"made {counted(n, 'constant')} row-major"),
+    )
+
     def apply(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
         try:
             with torch.no_grad():

@@ -6,9 +6,15 @@ from __future__ import annotations
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.passes.decomposition import to_edge_program
 from compiler.stages.base import Stage, StageContext
+from compiler.reporting.report import Metric
 
 
 class Decompose(Stage, takes=PlannedProgram, returns=EdgeProgram):
+    metrics = (
+        Metric("from_dry_run", "flag", lambda _: "the dry run's decomposition, which kept exactly these ops whole"),
+        Metric("retraced", "text", lambda why: f"decomposed by torch's retrace (node by node failed: {why})"),
+    )
+
     """Keeps whole exactly what the dry run planned; never asks the backend again. When the dry
     run already made this very decomposition (it dropped nothing), that is the output."""
 

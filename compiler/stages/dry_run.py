@@ -48,6 +48,7 @@ from compiler.stages.base import Stage, StageContext
 from compiler.passes.decomposition import full_decomposition_table, keepable, to_edge_program
 from compiler.passes.partitioning import partition
 from compiler.passes.tracing import unbacked_symbols_kept_in
+from compiler.reporting.report import Metric, counted
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +260,19 @@ def why_skip(program: ExportedProgram, backend: Backend, kept: list[torch.fx.Nod
 
 
 class DryRun(Stage, takes=AtenProgram, returns=PlannedProgram):
+    metrics = (
+        Metric("opened", "text", lambda ops: f"decomposed one level first, as they hold ops the backend keeps whole: {ops}"),
+        Metric("kept", "count", lambda n: f"kept {counted(n, 'op')} whole for the backend" if n else "kept no op whole"),
+        # `skipped` and `because` are sentences already.
+        Metric("skipped", "text", lambda why: f"no dry run needed: {why}"),
+        Metric("because", "text", lambda why: f"dry run needed: {why}"),
+        Metric("retraced", "text", lambda why: f"decomposed by torch's retrace (node by node failed: {why})"),
+        Metric("decomposed", "text", lambda ops: f"decomposed after all (would run on the CPU without a kernel): {ops}"),
+        Metric("decomposition_handed_on_s", "s",
+               lambda s: f"handed its decomposition ({s:.2f} s) on to the decompose stage"),
+        Metric("search_handed_on_s", "s", lambda s: f"handed its partition search ({s:.2f} s) on to the partition stage"),
+    )
+
     """Its answer is the keep-whole plan on the artifact it returns (saved in stage files):
     the later stages decompose and partition from that plan alone, so a resumed run and an
     uninterrupted one run the same code."""

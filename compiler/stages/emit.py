@@ -26,6 +26,7 @@ from compiler.ir.private_api import (
     deserialize_pte,
 )
 from compiler.ir.program_data import SPILL_BLOB_BYTES, ProgramData, spill_directory
+from compiler.reporting.report import Metric, counted, kib
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
 from compiler.ir.artifacts import METHOD
@@ -216,7 +217,17 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     )
 
 
+# What emitting reports, for one method or several.
+METRICS = (
+    Metric("initialized_state", "count", lambda n: f"kept the initial value of {counted(n, 'CPU buffer')}"),
+    Metric("pte_bytes", "bytes", lambda n: f".pte of {kib(n)}"),
+    Metric("ptd_bytes", "bytes", lambda n: f"weights in a .ptd of {kib(n)}"),
+)
+
+
 class Emit(Stage, takes=LoweredProgram, returns=ExecutorchProgram):
+    metrics = METRICS
+
     def apply(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
         return emit_programs({METHOD: lowered}, ctx.options, ctx.metrics)
 
@@ -224,6 +235,8 @@ class Emit(Stage, takes=LoweredProgram, returns=ExecutorchProgram):
 class EmitMethods(Stage, takes=LoweredMethods, returns=ExecutorchProgram):
     """Emit of a program of several methods (`compiler.compile_methods`): each method ran the
     stages before it on its own."""
+
+    metrics = METRICS
 
     def apply(self, lowered: LoweredMethods, ctx: StageContext) -> ExecutorchProgram:
         return emit_programs(lowered.methods, ctx.options, ctx.metrics)

@@ -9,9 +9,18 @@ from compiler.ir.graph import copy_program
 from compiler.passes.folding import default_skip_ops, fold_constants, needs_folding, resolve_op
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import FoldOptions
+from compiler.reporting.report import Metric, counted, kib
 
 
 class Fold(Stage, takes=AtenProgram, returns=AtenProgram):
+    metrics = (
+        Metric("folded", "count", lambda n: f"folded {counted(n, 'node')} into constants" if n else "folded nothing"),
+        Metric("constants", "count", lambda n: f"made {counted(n, 'constant')}"),
+        Metric("bytes_added", "bytes", lambda n: f"added {kib(n)} of constants"),
+        Metric("bytes_removed", "bytes", lambda n: f"removed {kib(n)} of constants"),
+        Metric("masks", "count", lambda n: f"turned {counted(n, 'constant bool mask')} into index positions"),
+    )
+
     def check_options(self, options: FoldOptions) -> None:
         for op in options.skip_ops:
             resolve_op(op)

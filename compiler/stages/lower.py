@@ -29,6 +29,7 @@ from compiler.ir.private_api import (
 )
 from compiler.stages.base import Stage, StageContext
 from compiler.ir.artifacts import METHOD
+from compiler.reporting.report import Metric
 
 
 class ReplayPartitioner(Partitioner):
@@ -48,6 +49,8 @@ class ReplayPartitioner(Partitioner):
 
 
 class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
+    metrics = (Metric.plain("collect_s", "s"),)
+
     def apply(self, partitioned: SplitProgram, ctx: StageContext) -> LoweredProgram:
         if not partitioned.plan.partitions:
             return LoweredProgram(partitioned.program, partitioned.plan, partitioned.preserved_ops)

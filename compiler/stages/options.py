@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from compiler.ir.errors import UserInputError
+from compiler.ir.targets import TARGETS
 from compiler.stages.schemes import EMBEDDING_SCHEMES, GRANULARITIES, SCHEME_NAMES
 
 # What an option's value may be besides its kind: a path option takes a path object, a
@@ -69,20 +70,23 @@ def option(
     takes: str | None = None,
     primary: bool = False,
     name: str | None = None,
+    off: str | None = None,
 ):
     """An attrs field that is also a user-facing option: its help text, value kind, choices and
     metavar are what the CLI flag and the options table (docs/options.md) are made from; `takes` PATH or STREAM
     widens what a value may be. A stage's `primary` option is named by the stage alone
     (`quantize`, `--quantize SCHEME`), one given a `name` by it (an option users know by that name),
-    the others `<stage>_<field>`."""
+    the others `<stage>_<field>`. An option on by default says in `off` what its `--no-` flag does."""
     kind = kind or type(default)
+    if default is True and not off:
+        raise TypeError("an option on by default needs the help of its --no- flag (off=...)")
     return attrs.field(
         default=default,
         converter=converter,
         validator=_of_its_kind,
         metadata={
             "help": help, "kind": kind, "choices": choices, "metavar": metavar, "takes": takes, "primary": primary,
-            "name": name,
+            "name": name, "off": off,
         },
     )
 
@@ -157,8 +161,9 @@ PRECISIONS = ("auto", "model", "float32", "float16")
 class PrecisionOptions:
     dtype: str = option(
         "auto", "the floating dtype the program computes in: auto: a bfloat16 model computes in float32 on backends "
-        "without bfloat16 kernels (xnnpack; coreml, inside which Core ML's compute precision applies), cast at the "
-        "program's edges; model: as the model is; float32 / float16: every floating tensor in that dtype",
+        f"without bfloat16 kernels ({', '.join(t.name for t in TARGETS if t.no_bfloat16)}; inside a delegate its own "
+        "compute precision applies), cast at the program's edges; model: as the model is; float32 / float16: every "
+        "floating tensor in that dtype",
         choices=PRECISIONS, primary=True,
     )
 
@@ -218,7 +223,8 @@ class PartitionOptions:
 @attrs.frozen
 class EmitOptions:
     extract_delegate_segments: bool = option(
-        True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it"
+        True, "store delegate payloads as segments after the program (ExecuTorch's default), not inside it",
+        off="store delegate payloads inside the program's flatbuffer, not as segments after it",
     )
     stacktrace: bool = option(False, "record each instruction's Python stack trace in the .pte")
     external_weights: bool = option(

@@ -53,6 +53,7 @@ from compiler.ir.invariants import plain_tensor
 from compiler.ir.targets import BY_NAME
 from compiler.stages.base import Stage, StageContext
 from compiler.passes.folding import written_in_place
+from compiler.reporting.report import Metric, counted
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def choose(mode: str, backend: Backend) -> Choice:
     target = BY_NAME.get(backend.name)
     why = target.no_bfloat16 if target else None
     if why is None:
-        return Choice(frozenset(), None, f"as the model computes: the {backend.name} backend computes bfloat16")
+        return Choice(frozenset(), None, f"as the model computes: the {backend.name} backend computes bfloat16 itself")
     return Choice(frozenset({torch.bfloat16}), torch.float32, f"bfloat16 became float32: {why}")
 
 
@@ -254,9 +255,23 @@ def compute_in(ep: ExportedProgram, choice: Choice) -> _Counts:
 
 
 class Precision(Stage, takes=AtenProgram, returns=AtenProgram):
+    metrics = (
+        Metric("precision", "text", lambda why: why),
+        Metric("dtype", "text", lambda dtype: f"computes in {dtype}"),
+        Metric("tensors_converted", "count",
+               lambda n: f"stored {counted(n, 'weight or buffer', 'weights and buffers')} in it"),
+        Metric("dtype_arguments", "count",
+               lambda n: f"retargeted {counted(n, 'cast or factory', 'casts and factories')}"),
+        Metric("edge_casts", "count", lambda n: f"cast {counted(n, 'input or output', 'inputs and outputs')} at the edges"),
+        Metric("casts_added", "count", lambda n: f"added {counted(n, 'cast')} inside"),
+    )
+
     def apply(self, program: AtenProgram, ctx: StageContext) -> AtenProgram:
         choice = choose(ctx.options.dtype, ctx.backend)
         ep = program.program
+        if choice.dtype is None and ctx.options.dtype == "auto" and not computes_in(ep, frozenset({torch.bfloat16})):
+            ctx.metrics["precision"] = "as the model computes: no bfloat16 computation"
+            return program
         if choice.dtype is None or not computes_in(ep, choice.changed):
             ctx.metrics["precision"] = choice.why if choice.dtype is None else "as the model computes: " + (
                 f"no {', '.join(sorted(map(_name, choice.changed)))} computation"

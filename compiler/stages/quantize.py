@@ -7,9 +7,9 @@ runs eagerly (PT2E's converted graph, or the model with TorchAO's quantized weig
 reference `--check` compares the program with. The user's module is never changed: TorchAO
 replaces weights on a copy of the module tree that shares the other tensors.
 
-Which schemes a backend takes, with which granularities, is the table in
-`compiler/stages/schemes.py`; the portable runtime has no quantized kernels, so it takes
-none (`PORTABLE_ANSWER`).
+Which schemes a backend takes, with which granularities, is its entry in `compiler.ir.targets`
+(the schemes themselves: `compiler/stages/schemes.py`); what code a backend brings (its PT2E
+quantizer, its own TorchAO config, the layers its kernels cannot take) its `Backend` class says.
 """
 
 from __future__ import annotations
@@ -22,56 +22,21 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from compiler import backends
+from compiler.ir import targets
 from compiler.ir.artifacts import EagerModel
 from compiler.ir.errors import UserInputError
 from compiler.stages import schemes
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import QuantizeOptions
-from compiler.stages.schemes import PER_CHANNEL, PER_GROUP, PT2E, Scheme
+from compiler.stages.schemes import PER_CHANNEL, PER_GROUP, PT2E, Scheme, chosen_scheme
+from compiler.reporting.report import Metric, counted
 
 logger = logging.getLogger(__name__)
 STAGE = "quantize"
 # A layer the example inputs never call: the model reads its weight itself, if at all, and a
 # quantized weight cannot be read so (TorchAO's tensors refuse `unsqueeze`, `t`, ...).
 NOT_CALLED = "the example inputs never call it (the model reads its weight itself, if at all): a quantized weight cannot be read so"
-
-
-def chosen_scheme(options: QuantizeOptions, backend: str) -> tuple[Scheme, str] | None:
-    """The scheme and granularity `options` ask of `backend` (None: no quantization); a
-    `UserInputError` for a scheme or granularity the backend does not take."""
-    if options.embedding is not None and backend == "portable":  # TorchAO's embedding ops, scheme or not
-        raise UserInputError(
-            f"quantize_embedding on portable: {schemes.PORTABLE_ANSWER}", stage=STAGE,
-            hint="leave quantize_embedding out on portable, or compile for xnnpack, coreml or mlx",
-        )
-    if options.scheme is None:
-        return None
-    scheme = schemes.BY_NAME[options.scheme]
-    takes = scheme.granularities(backend)
-    if not takes:
-        fits = [s.name for s in schemes.SCHEMES if backend in s.backends]
-        why = f": {scheme.why_not(backend)}" if scheme.why_not(backend) else ""
-        raise UserInputError(
-            f"the {backend} backend does not take the quantize scheme {scheme.name!r}{why}",
-            stage=STAGE,
-            hint=f"for {backend} use one of: {', '.join(fits)}; {scheme.name} is for "
-            f"{', '.join(scheme.backends)}",
-        )
-    granularity = options.granularity or scheme.default_granularity(backend)
-    group_rule = schemes.GROUP_SIZES.get(backend)
-    if granularity == PER_GROUP and group_rule and not group_rule[0](options.group_size):
-        raise UserInputError(
-            f"the {backend} backend takes group sizes that are {group_rule[1]}, not {options.group_size}",
-            stage=STAGE, hint=f"give a quantize_group_size that is {group_rule[1]}",
-        )
-    if granularity not in takes:
-        raise UserInputError(
-            f"the quantize scheme {scheme.name!r} on {backend} takes granularity {' or '.join(takes)}, "
-            f"not {granularity}: {scheme.why_not(backend, granularity)}",
-            stage=STAGE,
-            hint=f"give quantize_granularity {takes[0]}",
-        )
-    return scheme, granularity
 
 
 def check_calibration(options: QuantizeOptions, backend: str, calibration: Any) -> None:
@@ -110,7 +75,7 @@ def _embedding_scheme(options: QuantizeOptions, backend: str, tied: bool) -> str
     if options.embedding is not None:
         return options.embedding
     chosen = chosen_scheme(options, backend)
-    if not tied or chosen is None or backend == "portable" or chosen[0].weight_bits not in (4, 8):
+    if not tied or chosen is None or targets.BY_NAME[backend].no_table_quantization or chosen[0].weight_bits not in (4, 8):
         return None
     return f"{chosen[0].weight_bits}w"
 
@@ -134,25 +99,8 @@ def torchao_config(scheme: Scheme, granularity: str, group_size: int, backend: s
         return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"), block_size=[-1, group_size])
     if scheme.activations == schemes.DYNAMIC:
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=dtype, weight_granularity=grain)
-    if backend == "mlx":
-        # MLX's own LLM export picks weight scales by HQQ (zero points stay zero): the same choice
-        # gives the same weights as its programs, bit for bit.
-        from compiler.backends.mlx.hqq import HqqWeightOnlyConfig
-
-        return HqqWeightOnlyConfig(scheme.weight_bits, group_size if granularity == PER_GROUP else None)
-    return IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain)
-
-
-def _pt2e_quantizer(scheme: Scheme, granularity: str, backend: str) -> Any:
-    """The backend's PT2E quantizer; portable's is XNNPACK's, whose annotations are plain
-    quantized_decomposed ops the portable runtime's quantized kernels run."""
-    if backend in ("xnnpack", "portable"):
-        from compiler.backends.xnnpack.quantizer import pt2e_quantizer
-
-        return pt2e_quantizer(granularity == PER_CHANNEL, scheme.activations == schemes.DYNAMIC)
-    from compiler.backends.coreml.quantizer import pt2e_quantizer
-
-    return pt2e_quantizer(scheme.activations == schemes.STATIC)
+    own = backends.load(backend).weight_only_config(scheme.weight_bits, group_size if granularity == PER_GROUP else None)
+    return own if own is not None else IntxWeightOnlyConfig(weight_dtype=dtype, granularity=grain)
 
 
 def _module_tree_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -222,7 +170,7 @@ def _observe_calls(model: EagerModel) -> _Calls:
 
 
 def _why_left_in_float(module: torch.nn.Module, fqn: str, scheme: Scheme, granularity: str, group_size: int | None,
-                       backend: str, one_dimensional: frozenset[str]) -> str | None:
+                       backend: str | None, one_dimensional: frozenset[str]) -> str | None:
     """Why a layer of the kind a scheme quantizes stays in float (None: it is quantized).
     ExecuTorch's LLM export skips layers whose rows do not split into groups the same way."""
     if isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
@@ -232,11 +180,9 @@ def _why_left_in_float(module: torch.nn.Module, fqn: str, scheme: Scheme, granul
         return f"{columns} input features are not a multiple of the group size {group_size}"
     if granularity == PER_CHANNEL and columns == 1:
         return "one input feature: TorchAO's per-channel quantization cannot pack a single column"
-    if backend == "xnnpack" and scheme.weight_bits == 4 and columns % 32:
-        return f"{columns} input features: XNNPACK's 4-bit kernels take rows of a multiple of 32"
-    if backend == "xnnpack" and scheme.activations == schemes.DYNAMIC and fqn in one_dimensional:
-        return "its input is 1-D: XNNPACK's dynamically quantized GEMM takes rows of a batch"
-    return None
+    if backend is None:
+        return None
+    return backends.load(backend).why_layer_stays_float(scheme, columns, fqn in one_dimensional)
 
 
 def _quantize_layers(
@@ -289,7 +235,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         def why_not_table(layer: torch.nn.Module, fqn: str) -> str | None:
             if fqn not in calls.called:  # ACT's `pos_embed.weight.unsqueeze(1)`
                 return NOT_CALLED
-            return _why_left_in_float(layer, fqn, embedding, granularity, group or None, "", frozenset())
+            return _why_left_in_float(layer, fqn, embedding, granularity, group or None, None, frozenset())
 
         _quantize_layers(module, config, table, left, why_not_table)
         metrics["embedding"] = embedding_scheme + (" (tied to a quantized Linear)" if options.embedding is None else "")
@@ -304,7 +250,7 @@ def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) ->
         if granularity == PER_GROUP:
             metrics["group_size"] = options.group_size
         if scheme.flow == PT2E:
-            module = _pt2e(attrs.evolve(model, module=module), _pt2e_quantizer(scheme, granularity, backend))
+            module = _pt2e(attrs.evolve(model, module=module), backends.load(backend).pt2e_quantizer(scheme, granularity))
         else:
             calls = _observe_calls(model)
             one_dimensional = calls.one_dimensional if scheme.activations == schemes.DYNAMIC else frozenset()
@@ -337,6 +283,16 @@ def _pt2e(model: EagerModel, quantizer: Any) -> torch.nn.Module:
 
 
 class Quantize(Stage, takes=EagerModel, returns=EagerModel):
+    metrics = (
+        Metric.plain("embedding", "text"),
+        Metric("conv1d_as_linear", "count",
+               lambda n: f"quantized {counted(n, 'Conv1D layer')} as the Linear it is (weight transposed)"),
+        Metric.plain("scheme", "text"),
+        Metric.plain("granularity", "text"),
+        Metric.plain("group_size", "count"),
+        Metric.plain("left_in_float", "text"),
+    )
+
     def apply(self, model: EagerModel, ctx: StageContext) -> EagerModel:
         if ctx.options.scheme is None and ctx.options.embedding is None:
             return model

@@ -25,6 +25,7 @@ from compiler.ir.artifacts import PartitionedProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG, constant_placeholders, copy_program, mutated_buffer_targets
 from compiler.ir.placement import PlacementPlan
 from compiler.stages.base import Stage, StageContext
+from compiler.reporting.report import Metric, counted
 
 CPU = None
 
@@ -90,6 +91,11 @@ def split_constants(ep: ExportedProgram) -> int:
 
 
 class SplitConstants(Stage, takes=PartitionedProgram, returns=SplitProgram):
+    metrics = (
+        Metric("copies", "count", lambda n: f"made {counted(n, 'constant copy', 'constant copies')} for delegates "
+               "sharing one" if n else "no constant copies needed"),
+    )
+
     def apply(self, partitioned: PartitionedProgram, ctx: StageContext) -> SplitProgram:
         if not needs_split(partitioned.program):
             ctx.metrics["copies"] = 0

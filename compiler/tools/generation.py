@@ -26,6 +26,8 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from compiler import backends
+from compiler.ir import targets
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import llm, llm_ops
 from compiler.running.tolerance import Tolerance, max_abs_error
@@ -34,8 +36,6 @@ logger = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_PROMPT = llm.prompt_text([5, 9, 13, 17, 21, 25, 29, 33])
-# Backend options a generation program needs: Core ML keeps the KV cache as state from iOS 18.
-NEEDED_BACKEND_OPTIONS = {"coreml": {"minimum_deployment_target": "iOS18"}}
 RUNNER = "TextLLMRunner"
 REFERENCE = "reference executor"
 
@@ -128,6 +128,14 @@ def require_agreement(eager: Sequence[int], reference: Sequence[int], through: s
             f"({list(reference)}): the eager reference itself is in doubt",
             hint=hint,
         )
+
+
+def with_state_options(backend: str, given: dict | None, shared_state: bool = False) -> dict:
+    """The backend options a program keeping state between calls (a KV cache) needs, under those
+    given (`Target.stateful_options`, and `shared_state_options` when its methods share the state)."""
+    target = backends.target(backend)
+    needed = {**target.stateful_options, **(target.shared_state_options if shared_state else {})}
+    return {**needed, **(given or {})}
 
 
 def refuse_job(tokens: int, check: bool, options: dict, job: str) -> None:
@@ -372,7 +380,7 @@ class GenerationJob:
 
 
 def generate(
-    model: Any, backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None,
+    model: Any, backend: str = targets.DEFAULT, tokens: int = 32, output_dir: str | os.PathLike | None = None,
     check: bool = False, prompt: str = DEFAULT_PROMPT, max_cache_len: int = 64, tolerance: float | None = None,
     dynamic_prefill: bool = False, backend_options: dict | None = None, backend_llm_ops: bool | None = None,
     **options: Any,
@@ -390,9 +398,9 @@ def generate(
         model if isinstance(model, llm.TextModel)
         else llm.text_model(model, max_cache_len=max_cache_len, dynamic_prefill=dynamic_prefill)
     )
-    backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
+    backend_options = with_state_options(backend, backend_options)
     constant = (*text.constant_methods, *options.pop("emit_constant_methods", ()))
-    ops, why = llm_ops.choose(backend, backend_llm_ops, text)
+    ops, why = llm_ops.choose(backends.load(backend), backend_llm_ops, text)
     logger.info("LLM ops: %s", why)
     text.reset()
     step = llm_ops.rewritten_step(text, ops) if ops is not None else text.step

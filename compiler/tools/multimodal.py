@@ -30,6 +30,8 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from compiler import backends
+from compiler.ir import targets
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import llm, llm_ops, vlm
 from compiler.running.tolerance import Tolerance, max_abs_error
@@ -232,7 +234,7 @@ class MultimodalJob:
 
 
 def describe_image(
-    backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None, check: bool = False,
+    backend: str = targets.DEFAULT, tokens: int = 32, output_dir: str | os.PathLike | None = None, check: bool = False,
     prompt: Sequence[str | None] = DEFAULT_PROMPT, max_cache_len: int = 64, tolerance: float | None = None,
     backend_options: dict | None = None, backend_llm_ops: bool = False, **options: Any,
 ) -> MultimodalJob:
@@ -245,9 +247,9 @@ def describe_image(
 
     generation.refuse_job(tokens, check, options, "image description")
     model = vlm.vision_language_model(max_cache_len=max_cache_len)
-    backend_options = {**generation.NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
+    backend_options = generation.with_state_options(backend, backend_options)
     constant = (*model.constant_methods, *options.pop("emit_constant_methods", ()))
-    ops, why = llm_ops.choose(backend, backend_llm_ops)
+    ops, why = llm_ops.choose(backends.load(backend), backend_llm_ops)
     logger.info("LLM ops: %s", why)
     model.reset()
     methods = model.inputs_of(model.rewritten(ops)) if ops is not None else model.method_inputs

@@ -431,9 +431,12 @@ def _options(job: Job, cache_dir: str | None, cache: bool, cache_max_mb: int | N
 
 def _program_cache(job: Job, options: Mapping[str, Any]):
     """The job's `ProgramCache` (None when its run is not cached)."""
+    from compiler.driver.config import CompileConfig, split_options
     from compiler.driver.program_cache import ProgramCache
 
-    return ProgramCache.for_run(job.model, job.backend, job.backend_options, options, job.dynamic_dim)
+    config_options, driving = split_options(options)
+    config = CompileConfig(backend=job.backend, backend_options=dict(job.backend_options or {})).with_options(config_options)
+    return ProgramCache.for_run(job.model, config, driving, job.dynamic_dim)
 
 
 def _from_program_cache(job: Job, common: Mapping[str, Any]) -> JobResult | None:

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import torch
 
+from compiler.ir import targets
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.models import asr
 from compiler.running.tolerance import Tolerance, max_abs_error
@@ -31,9 +32,6 @@ from compiler.tools import generation
 
 logger = logging.getLogger(__name__)
 
-# Backend options the program needs: state the methods share stays the program's (a Core ML state
-# would be one method's own).
-NEEDED_BACKEND_OPTIONS = {"coreml": {"minimum_deployment_target": "iOS18", "take_over_mutable_buffer": False}}
 RUNTIME = "ExecuTorch runtime"
 REFERENCE = "reference executor"
 
@@ -198,7 +196,7 @@ class TranscriptionJob:
 
 
 def transcribe(
-    backend: str = "portable", tokens: int = 32, output_dir: str | os.PathLike | None = None, check: bool = False,
+    backend: str = targets.DEFAULT, tokens: int = 32, output_dir: str | os.PathLike | None = None, check: bool = False,
     max_cache_len: int = 64, tolerance: float | None = None, backend_options: dict | None = None, **options: Any,
 ) -> TranscriptionJob:
     """Compile the built-in tiny Whisper into one program of `encoder` and `text_decoder` (and the
@@ -208,7 +206,7 @@ def transcribe(
 
     generation.refuse_job(tokens, check, options, "transcription")
     model = asr.speech_model(max_cache_len=max_cache_len)
-    backend_options = {**NEEDED_BACKEND_OPTIONS.get(backend, {}), **(backend_options or {})}
+    backend_options = generation.with_state_options(backend, backend_options, shared_state=True)
     constant = (*model.constant_methods, *options.pop("emit_constant_methods", ()))
     model.reset()
     result = api.compile_methods(

@@ -12,7 +12,7 @@ from compiler.cli.main import main
 from compiler.driver.instruments import Instrument
 from compiler.models.examples import draw_inputs, mlp
 from compiler.running.runtime import LoadedProgram
-from compiler.stages.schemes import PORTABLE_ANSWER
+from compiler.ir.targets import PORTABLE_ANSWER
 
 
 class StagesRun(Instrument):

@@ -42,6 +42,7 @@ from compiler.process.collector import collect
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
 from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_zero
+from compiler.ir.targets import STATIC
 from compiler.ir.private_api import (
     coreml_conversion_state_reset_on_failure,
     coreml_payloads_rewritten,
@@ -152,7 +153,29 @@ def _with_spec_option(specs: list[CompileSpec], option: str, value: Any) -> list
 
 class CoreMLBackend(Backend):
     name = "coreml"
+    refusal_rules = rules.NODE_RULES
     refused_input_dtypes = rules.REFUSED_DTYPES
+    no_llm_ops = (
+        "ExecuTorch has no Core ML LLM ops: Core ML keeps the static cache as its own state (iOS 18) and "
+        "converts the attention itself"
+    )
+
+    @classmethod
+    def pt2e_quantizer(cls, scheme, granularity: str):
+        from compiler.backends.coreml.quantizer import pt2e_quantizer
+
+        return pt2e_quantizer(scheme.activations == STATIC)
+
+    @classmethod
+    def float32_options(cls):
+        return {"compile_specs": [_ExecutorchCoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]}
+
+    @classmethod
+    def share_method_weights(cls, lowered):
+        """The weights methods share, in one multifunction model."""
+        from compiler.backends.coreml import multifunction
+
+        return multifunction.share_weights(lowered)
 
     def __init__(
         self,

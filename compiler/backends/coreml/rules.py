@@ -9,15 +9,16 @@ Two kinds of rule:
   search, until no partition breaks one.
 
 A rule returns None when it does not apply, or the one-line reason the node
-runs on the CPU. Each names the upstream coremltools / ExecuTorch issue it works
-around where there is one, so it can be dropped when that is fixed. Rules take
-ATen and Edge spellings alike (the keep-whole filter asks them on ATen nodes).
+runs on the CPU. Node rules are registered in `NODE_RULES` with a summary
+(docs/refusal-rules.md lists them) and the upstream coremltools / ExecuTorch issue
+they work around where there is one, so a rule can be dropped when that is fixed.
+Rules take ATen and Edge spellings alike (the keep-whole filter asks them on ATen nodes).
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Callable, Collection, Optional
+from typing import Collection, Optional
 
 import attrs
 import coremltools as ct
@@ -26,6 +27,7 @@ from coremltools.converters.mil.frontend.torch.utils import TORCH_DTYPE_TO_NUM
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from compiler.backends.coreml import fixes
+from compiler.backends.node_rules import RuleBook, first_refusal
 from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.private_api import (
@@ -58,38 +60,15 @@ class RuleContext:
         return target is not None and target >= ct.target.iOS18
 
 
-@attrs.frozen
-class Rule:
-    name: str
-    check: Callable[..., Optional[str]]
-    issue: Optional[str] = None
-
-
-NODE_RULES: list[Rule] = []
-
-
-def node_rule(issue: Optional[str] = None):
-    def register(check: Callable[[torch.fx.Node, RuleContext], Optional[str]]) -> Rule:
-        rule = Rule(check.__name__, check, issue)
-        NODE_RULES.append(rule)
-        return rule
-
-    return register
-
-
-def _with_issue(reason: str, rule: Rule) -> str:
-    return f"{reason} ({rule.issue})" if rule.issue else reason
+NODE_RULES = RuleBook("Core ML", __name__)
 
 
 def refusal(node: torch.fx.Node, ctx: RuleContext) -> Optional[str]:
-    """The first node rule that refuses `node`, as its reason; None if none does."""
-    if node.op != "call_function" or node.target is operator.getitem:
+    """The first node rule that refuses `node`, as its reason; None if none does. A tuple access
+    is not judged: it goes where the op it reads goes."""
+    if node.target is operator.getitem:
         return None
-    for rule in NODE_RULES:
-        reason = rule.check(node, ctx)
-        if reason:
-            return _with_issue(reason, rule)
-    return None
+    return first_refusal(node, NODE_RULES, ctx)
 
 
 # --- small helpers ------------------------------------------------------------------
@@ -137,7 +116,7 @@ def op_spellings(target) -> set[str]:
 # --- node rules, in the order they are asked ----------------------------------------
 
 
-@node_rule()
+@NODE_RULES.refuses("an op the user listed in `skip_ops_for_coreml_delegation`")
 def skipped_by_user(node, ctx) -> Optional[str]:
     if ctx.skipped_ops and op_spellings(node.target) & ctx.skipped_ops:
         return (
@@ -147,7 +126,7 @@ def skipped_by_user(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule()
+@NODE_RULES.refuses("an op coremltools 9.0 has no converter for")
 def no_coremltools_converter(node, ctx) -> Optional[str]:
     try:
         supported = ct.converters.mil.frontend.torch.is_torch_fx_node_supported(node)
@@ -158,7 +137,10 @@ def no_coremltools_converter(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule("https://github.com/apple/coremltools/issues/2573")
+@NODE_RULES.refuses(
+    "`add` or `sub` with `alpha` other than 1: coremltools converts it wrongly",
+    issue="https://github.com/apple/coremltools/issues/2573",
+)
 def add_sub_with_alpha(node, ctx) -> Optional[str]:
     if _is(node, torch.ops.aten.add, torch.ops.aten.sub) and node.kwargs.get("alpha", 1) != 1:
         return (
@@ -168,7 +150,10 @@ def add_sub_with_alpha(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule("https://github.com/apple/coremltools/issues/2565, /2569, pytorch/executorch#11722")
+@NODE_RULES.refuses(
+    "an op ExecuTorch's Core ML partitioner refuses: its conversion is wrong or missing",
+    issue="https://github.com/apple/coremltools/issues/2565, /2569, pytorch/executorch#11722",
+)
 def refused_by_executorch(node, ctx) -> Optional[str]:
     if aten_op(node.target) in coreml_unsupported_op_targets():
         return (
@@ -178,7 +163,10 @@ def refused_by_executorch(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule("https://github.com/pytorch/executorch/issues/11715")
+@NODE_RULES.refuses(
+    "`argmax` or `argmin` over the whole tensor (`dim=None`): Core ML crashes at run time",
+    issue="https://github.com/pytorch/executorch/issues/11715",
+)
 def arg_reduction_over_flattened_input(node, ctx) -> Optional[str]:
     if coreml_is_arg_min_max_over_flattened_input(node) or (
         _is(node, torch.ops.aten.argmax, torch.ops.aten.argmin)
@@ -198,7 +186,7 @@ _MIN_MAX = (
 )
 
 
-@node_rule()
+@NODE_RULES.refuses("a max or min over bool tensors: Core ML's reductions take no bools")
 def min_max_over_bool(node, ctx) -> Optional[str]:
     if _is(node, *_MIN_MAX) and any(
         torch.bool in tensor_dtypes(arg) for arg in node.all_input_nodes
@@ -210,7 +198,7 @@ def min_max_over_bool(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule()
+@NODE_RULES.refuses("`bitwise_and` of integers: coremltools converts it of bools only")
 def bitwise_and_of_non_bool(node, ctx) -> Optional[str]:
     if _is(node, torch.ops.aten.bitwise_and) and tensor_dtypes(node) - {torch.bool}:
         return (
@@ -220,7 +208,7 @@ def bitwise_and_of_non_bool(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule()
+@NODE_RULES.refuses("`log1p`: coremltools computes log(x + 1), which loses its precision near 0")
 def log1p_as_log_of_x_plus_one(node, ctx) -> Optional[str]:
     # log_sigmoid decomposes to min(x, 0) - log1p(exp(-|x|)), so this keeps it off too.
     if _is(node, torch.ops.aten.log1p):
@@ -231,7 +219,7 @@ def log1p_as_log_of_x_plus_one(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule()
+@NODE_RULES.refuses("an op given a dtype coremltools cannot name (bfloat16)")
 def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
     for value in (*node.args, *node.kwargs.values()):
         if isinstance(value, torch.dtype) and value not in TORCH_DTYPE_TO_NUM:
@@ -250,7 +238,7 @@ def dtype_coremltools_cannot_name(node, ctx) -> Optional[str]:
 _FILLS_OF_UNCAST_SHAPE = (torch.ops.aten.ones, torch.ops.aten.new_zeros)
 
 
-@node_rule()
+@NODE_RULES.refuses("`ones` or `new_zeros` of a 0-d result: coremltools gives Core ML's fill a float shape")
 def zero_dim_fill(node, ctx) -> Optional[str]:
     value = node.meta.get("val")
     if _is(node, *_FILLS_OF_UNCAST_SHAPE) and isinstance(value, torch.Tensor) and value.dim() == 0:
@@ -270,7 +258,7 @@ _NO_BOOL_DATA = (
 )
 
 
-@node_rule()
+@NODE_RULES.refuses("a slice or select scatter, gather, `index_select` or pad of bool data: Core ML's ops take numbers")
 def bool_data_core_ml_refuses(node, ctx) -> Optional[str]:
     data = node.args[0] if node.args else None
     if _is(node, *_NO_BOOL_DATA) and isinstance(data, torch.fx.Node) and torch.bool in tensor_dtypes(data):
@@ -289,7 +277,7 @@ _POOLS_WITH_INDICES = (
 )
 
 
-@node_rule()
+@NODE_RULES.refuses("a max pool whose indices are used: Core ML's pool gives the values only")
 def pool_indices_used(node, ctx) -> Optional[str]:
     if not _is(node, *_POOLS_WITH_INDICES):
         return None
@@ -336,7 +324,7 @@ def _pool_drops_unpadded_last_window(node: torch.fx.Node) -> bool:
     return False
 
 
-@node_rule()
+@NODE_RULES.refuses("a `ceil_mode` pool whose last window starts past an unpadded input: Core ML keeps it")
 def ceil_mode_pool_past_the_input(node, ctx) -> Optional[str]:
     if _is(node, *_CEIL_MODE_POOLS) and _pool_drops_unpadded_last_window(node):
         return (
@@ -346,7 +334,7 @@ def ceil_mode_pool_past_the_input(node, ctx) -> Optional[str]:
     return None
 
 
-@node_rule()
+@NODE_RULES.refuses("`pixel_unshuffle` below iOS 16")
 def pixel_unshuffle_before_ios16(node, ctx) -> Optional[str]:
     # Refused, it is not kept whole either: its decomposition (views, a permute) is delegated.
     if _is(node, torch.ops.aten.pixel_unshuffle) and not ctx.ios16:
@@ -411,7 +399,7 @@ def _index_put_problem(node: torch.fx.Node, ctx: RuleContext) -> Optional[tuple[
     return None
 
 
-@node_rule()
+@NODE_RULES.refuses("an `index_put` form coremltools converts wrongly or not at all")
 def unsupported_index_put(node, ctx) -> Optional[str]:
     if not _is(node, torch.ops.aten.index_put) or not fixes.on("index_put_refusals"):
         return None
@@ -423,7 +411,7 @@ def unsupported_index_put(node, ctx) -> Optional[str]:
     return f"Core ML cannot run {op_name(node.target)} with {problem} ({stock_says})"
 
 
-@node_rule()
+@NODE_RULES.refuses("an op reading or producing a tensor of rank above 5")
 def rank_above_five(node, ctx) -> Optional[str]:
     produced = max((v.dim() for v in tensor_values(node)), default=0)
     read = max((v.dim() for arg in node.all_input_nodes for v in tensor_values(arg)), default=0)
@@ -446,7 +434,7 @@ def _data_dependent_scalars(node: torch.fx.Node) -> list[str]:
     return sorted({str(s) for v in symbolic for s in free_unbacked_symbols(v)})
 
 
-@node_rule()
+@NODE_RULES.refuses("an op using a number read from a tensor at run time (`.item()`)")
 def scalar_read_at_run_time(node, ctx) -> Optional[str]:
     symbols = _data_dependent_scalars(node)
     if not symbols:
@@ -472,7 +460,7 @@ def _shape(value) -> Optional[tuple]:
     return tuple(meta.shape) if isinstance(meta, torch.Tensor) else None
 
 
-@node_rule()
+@NODE_RULES.refuses("a `dequantize_affine` not of a constant 2-D int4 or int8 weight in blocks of one row")
 def dequantize_affine_form(node, ctx) -> Optional[str]:
     if not _named(node, "torchao.dequantize_affine."):
         return None
@@ -490,7 +478,7 @@ def dequantize_affine_form(node, ctx) -> Optional[str]:
     return f"Core ML cannot convert {op_name(node.target)} of {problem}"
 
 
-@node_rule()
+@NODE_RULES.refuses("a `dequantize_codebook` not of constant 2-D codes with scalar tables per group of rows or columns")
 def dequantize_codebook_form(node, ctx) -> Optional[str]:
     if not _named(node, "quant.dequantize_codebook."):
         return None
@@ -516,7 +504,7 @@ _QUANTIZE_RANGE_AT = {
 }
 
 
-@node_rule()
+@NODE_RULES.refuses("a quantize clamping to less than its dtype's range: coremltools drops the range")
 def quantize_to_a_narrower_range(node, ctx) -> Optional[str]:
     at = next((i for prefix, i in _QUANTIZE_RANGE_AT.items() if _named(node, prefix)), None)
     if at is None or len(node.args) < at + 3:
@@ -533,7 +521,7 @@ def quantize_to_a_narrower_range(node, ctx) -> Optional[str]:
     )
 
 
-@node_rule()
+@NODE_RULES.refuses("dynamic activation quantization (`choose_qparams`): coremltools has no converter")
 def dynamic_activation_quantization(node, ctx) -> Optional[str]:
     if _named(node, "quantized_decomposed.choose_qparams"):
         return (

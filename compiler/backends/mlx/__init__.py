@@ -20,6 +20,7 @@ from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.mlx import handlers, rewrites, support
 from compiler.backends.node_rules import first_refusal
 from compiler.backends.mlx.generated import MLXSetupError, ensure_generated
+from compiler.backends.mlx.llm_ops import MLX
 from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import DELEGATION_TAG, state_not_starting_at_zero
@@ -94,10 +95,25 @@ class MLXBackend(Backend):
     """Options are those of ExecuTorch's `MLXPartitioner` (compile_specs)."""
 
     name = "mlx"
+    refusal_rules = support.RULES
+    llm_ops = MLX
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
         return ("compile_specs",)  # MLXPartitioner's
+
+    @classmethod
+    def weight_only_config(cls, bits: int, group_size: int | None):
+        """MLX's own LLM export picks weight scales by HQQ (zero points stay zero): the same
+        choice gives the same weights as its programs, bit for bit."""
+        from compiler.backends.mlx.hqq import HqqWeightOnlyConfig
+
+        return HqqWeightOnlyConfig(bits, group_size)
+
+    @classmethod
+    def stock_partitioners(cls, options=None) -> list:
+        ensure_generated()  # stock's partitioner imports the files ExecuTorch's wheel lacks
+        return super().stock_partitioners(options)
 
     def __init__(self, **partitioner_options) -> None:
         ensure_generated()

@@ -39,7 +39,7 @@ def argument(node: torch.fx.Node, name: str, default):
     return default
 
 
-def ignored_argument(node: torch.fx.Node) -> Optional[str]:
+def ignored_argument(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's MLX sort, argsort and topk handlers read only the tensor, k and dim:
     `sort(descending=True)` came back ascending and `topk(largest=False)` gave the largest
     values, silently. Those calls stay on the CPU."""

@@ -1,7 +1,8 @@
 """Which nodes the MLX delegate may take, on top of ExecuTorch's MLX support check.
 
-Each rule is a small predicate with a one-line reason. A node a rule refuses
-stays on the CPU with that reason in the placement report.
+Each rule is a small predicate with a one-line reason, registered in `RULES` with
+the summary docs/refusal-rules.md lists. A node a rule refuses stays on the CPU with
+that reason in the placement report.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from compiler.backends.mlx.rewrites import (
 )
 from compiler.backends.mlx import fixes
 from compiler.backends.mlx.arguments import ignored_argument, schema_of
-from compiler.backends.node_rules import NodeRule, first_refusal
+from compiler.backends.node_rules import RuleBook, first_refusal
 from compiler.ir.dialect import op_name
 from compiler.ir.private_api import aten_overload, mlx_nearest_source_indices
+
+# Every rule: None when MLX may take the node, else the reason it may not.
+RULES = RuleBook("MLX", __name__)
 
 # Names under which ATen schemas take index tensors (index.Tensor, index_put,
 # _unsafe_index, index_select, gather, scatter, take_along_dim, index_copy, ...).
@@ -58,7 +62,8 @@ def _dtype(node: torch.fx.Node) -> Optional[torch.dtype]:
     return getattr(value, "dtype", None)
 
 
-def boolean_index(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("an index by a boolean mask: MLX gathers with integer indices only")
+def boolean_index(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """MLX gathers only with integer indices: mlx.core.take(x, bool_indices) raises
     "[Gather] Boolean indices not supported", and stock 1.5.1's index handler passes
     a bool mask through as if it held positions. A constant mask reaches here already
@@ -82,7 +87,8 @@ def _rank(node: object) -> Optional[int]:
     return value.dim() if isinstance(value, torch.Tensor) else None
 
 
-def same_rank_single_index(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("`index.Tensor` by one index of the input's rank: stock gathers element-wise (`take_along_axis`)")
+def same_rank_single_index(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's aten.index.Tensor handler lowers one index tensor of the input's
     rank to TakeAlongAxisNode (mlx take_along_axis), an element-wise gather: `x[rows]`
     with x [4, 8] and rows [2, 2] should give [2, 2, 8] but fails to broadcast (or,
@@ -131,7 +137,8 @@ def _values(node: torch.fx.Node) -> list[torch.Tensor]:
     return [v for v in values if isinstance(v, torch.Tensor)]
 
 
-def dtype_mlx_cannot_hold(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("a tensor, inside a list too, of a dtype MLX cannot hold (float64, int16, complex)")
+def dtype_mlx_cannot_hold(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """The MLX payload has no float64 (nor int16, complex, ...) tensors. Stock 1.5.1 checks
     only the tensors a node takes as direct arguments, not those inside a list, so it tags
     `cat([x.sin(), x.cos()])` over float64 and its lowering then fails with "placeholder
@@ -145,7 +152,8 @@ def dtype_mlx_cannot_hold(node: torch.fx.Node) -> Optional[str]:
     return None
 
 
-def copy_source_unlike_destination(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("a copy of a source of another shape or dtype than its destination: stock returns the source")
+def copy_source_unlike_destination(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's MLX aten.copy handler returns its source as is (contiguous(src)), not
     broadcast and cast to the destination. `rewrites.copy_source_like_destination` fixes
     every copy onto a static shape before this check; one onto a symbolic shape stays here."""
@@ -168,7 +176,8 @@ def _symbolic_floats(node: torch.fx.Node) -> list[str]:
     return [str(n.meta["val"]) for n in [node, *read] if isinstance(n.meta.get("val"), torch.SymFloat)]
 
 
-def symbolic_float(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("a float read from a tensor at run time (`.item()`): MLX carries tensors, ints and bools only")
+def symbolic_float(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """An MLX program carries tensors, SymInt and SymBool values only: stock 1.5.1's slot
     manager has no slot for a symbolic float (NotImplementedError: val_to_idtype: zuf0),
     and its item handler takes only integers. The node making or reading one (multi_task_dit's
@@ -205,7 +214,8 @@ _ONLY_FIRST_OUTPUT_WRITTEN = {
 }
 
 
-def unwritten_output_read(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("a read of max pooling's indices or batch norm's saved statistics: stock never writes them")
+def unwritten_output_read(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's MLX handlers for max pooling with indices and inference batch norm emit
     only the first output and leave the others' slots unwritten (unlike its other
     multi-output handlers, they do not check `used_getitem_indices`), so a program that
@@ -233,7 +243,8 @@ _FLOATING_ONLY = frozenset(
 )
 
 
-def integer_matmul_or_conv(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("an integer matmul or convolution: MLX takes floating types only")
+def integer_matmul_or_conv(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """MLX multiplies matrices and convolves floating types only ("[matmul] Only inexact types
     are supported", "[conv] ... only supports floating point types"); stock 1.5.1 tags an
     integer mm or conv anyway and the runtime throws when it runs."""
@@ -249,7 +260,12 @@ def integer_matmul_or_conv(node: torch.fx.Node) -> Optional[str]:
     )
 
 
-def integer_floor_division(node: torch.fx.Node) -> Optional[str]:
+# Defined in `arguments` (the rewrites ask it too), registered here in its place among the rules.
+RULES.refuses("`sort`, `argsort` or `topk` given `descending` or `largest` stock's handlers ignore")(ignored_argument)
+
+
+@RULES.refuses("integer floor division: MLX divides integers into floats")
+def integer_floor_division(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """The MLX runtime floor-divides integers through mlx::divide, which promotes to float:
     `i // 2` comes out 3.5 for 7, and an op after it computes on that (a gather refuses
     it as an index; `(i // 2) * 2` gives 7). ExecuTorch's own MoE lowering casts back for
@@ -290,7 +306,8 @@ def _stock_nearest_sources(node: torch.fx.Node, size_h: int, size_w: int, out_h:
     return rows[:, None] * size_w + cols[None, :]
 
 
-def nearest_rows_unlike_torch(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("nearest upsampling reading other source rows or columns than torch: stock steps in float64")
+def nearest_rows_unlike_torch(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's MLX upsample_nearest2d handler steps by 1 / scale in float64; torch copies
     or halves the index when the output is the input's size or twice it, and steps in float32.
     `rewrites.nearest_scales_torch_ignores_dropped` fixes the first; any call whose source
@@ -310,21 +327,6 @@ def nearest_rows_unlike_torch(node: torch.fx.Node) -> Optional[str]:
         "MLX's nearest upsampling would read other source rows or columns than torch: ExecuTorch "
         "1.5.1's MLX handler steps by 1 / scale in float64 where torch rounds in float32"
     )
-
-
-# Every rule: node -> None when MLX may take it, else the reason it may not.
-RULES: tuple[NodeRule, ...] = (
-    boolean_index,
-    same_rank_single_index,
-    dtype_mlx_cannot_hold,
-    copy_source_unlike_destination,
-    symbolic_float,
-    unwritten_output_read,
-    integer_matmul_or_conv,
-    ignored_argument,
-    integer_floor_division,
-    nearest_rows_unlike_torch,
-)
 
 
 class GuardedSupport(OperatorSupportBase):

@@ -5,10 +5,21 @@ from __future__ import annotations
 from torch.export import ExportedProgram
 
 from compiler.backends.base import Backend, BackendPartition
+from compiler.ir.targets import DYNAMIC, PER_CHANNEL
+from compiler.models.llm_ops import LLAMA
 
 
 class PortableBackend(Backend):
     name = "portable"
+    llm_ops = LLAMA
+
+    @classmethod
+    def pt2e_quantizer(cls, scheme, granularity: str):
+        """XNNPACK's: its annotations are plain quantized_decomposed ops, which the portable
+        runtime's quantized kernels run."""
+        from compiler.backends.xnnpack.quantizer import pt2e_quantizer
+
+        return pt2e_quantizer(granularity == PER_CHANNEL, scheme.activations == DYNAMIC)
 
     def partition(self, program: ExportedProgram) -> BackendPartition:
         return BackendPartition(partitions={})

@@ -16,6 +16,8 @@ from executorch.exir.backend.utils import WhyNoPartition
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.xnnpack import moves, quantized, rules
 from compiler.ir.graph import DELEGATION_TAG
+from compiler.ir.targets import DYNAMIC, PER_CHANNEL
+from compiler.models.llm_ops import LLAMA
 from compiler.ir.placement import DELEGATED_REASON
 from compiler.ir.private_api import (
     exir_pass_checks_skipped,
@@ -62,6 +64,9 @@ class XnnpackBackend(Backend):
 
     name = "xnnpack"
     folds_decomposed_constants = True
+    refusal_rules = rules.RULES
+    llm_ops = LLAMA
+    llm_ops_where = "called on the CPU beside the delegate"
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -71,6 +76,20 @@ class XnnpackBackend(Backend):
     def __init__(self, **partitioner_options) -> None:
         self.partitioner = XnnpackPartitioner(**partitioner_options)
         rules.refuse_in_configs(self.partitioner)  # what stock's visitors lower wrongly
+
+    @classmethod
+    def pt2e_quantizer(cls, scheme, granularity: str):
+        from compiler.backends.xnnpack.quantizer import pt2e_quantizer
+
+        return pt2e_quantizer(granularity == PER_CHANNEL, scheme.activations == DYNAMIC)
+
+    @classmethod
+    def why_layer_stays_float(cls, scheme, columns: int, one_dimensional_input: bool) -> str | None:
+        if scheme.weight_bits == 4 and columns % 32:
+            return f"{columns} input features: XNNPACK's 4-bit kernels take rows of a multiple of 32"
+        if scheme.activations == DYNAMIC and one_dimensional_input:
+            return "its input is 1-D: XNNPACK's dynamically quantized GEMM takes rows of a batch"
+        return None
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
         ops, node_filter = self.partitioner.ops_to_not_decompose(program)

@@ -33,7 +33,7 @@ a delegate input, or of a value the delegate returns anyway), which the delegate
 Other node visitors read less of a node than its op means, and stock's configs take
 the node anyway (found by tests/backends/xnnpack/test_xnnpack_support_table.py, which
 compiles every op the configs claim with each non-tensor argument off its default):
-`REFUSALS` lists the rules, each a small function saying what stock does wrong, and
+`RULES` holds the rules, each a small function saying what stock does wrong, and
 `refuse_in_configs` makes every config check them first, so such a node is neither kept
 whole at decomposition nor taken by the partition search, and runs on the CPU with that
 reason. Where a plain rewrite keeps the node right on XNNPACK, it is rewritten instead
@@ -55,7 +55,7 @@ from executorch.backends.xnnpack.utils.quant_utils import (
     is_per_channel_group,
 )
 
-from compiler.backends.node_rules import NodeRule, first_refusal
+from compiler.backends.node_rules import RuleBook, first_refusal
 from compiler.backends.xnnpack import fixes
 from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
@@ -457,8 +457,41 @@ def hardtanh_bounds_spelled_out(program: ExportedProgram) -> int:
 
 # --- nodes stock's configs take and its node visitors lower wrongly: refused ------------
 
+# Every rule: None when stock's config may take the node, else the reason it may not.
+RULES = RuleBook("XNNPACK", __name__)
 
-def addmm_scaled(node: torch.fx.Node) -> Optional[str]:
+
+@RULES.refuses("ExecuTorch's LLM ops (`llama::custom_sdpa`, `llama::update_cache`): CPU kernels only")
+def llm_custom_op(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """ExecuTorch's LLM ops (`llama::custom_sdpa`, `llama::update_cache`, also inside the
+    `auto_functionalized` call a mutating one becomes) have CPU kernels only: say that, not
+    what stock or another rule would say of their arguments."""
+    op = node.args[0] if isinstance(node.target, torch._ops.HigherOrderOperator) and node.args else node.target
+    schema = getattr(op, "_schema", None)
+    if schema is None or not schema.name.startswith("llama::"):
+        return None
+    return (
+        f"ExecuTorch's LLM op {schema.name}: chosen for the attention and KV cache, it "
+        "runs as its CPU kernel (extension/llm/custom_ops), which XNNPACK has no operator for"
+    )
+
+
+@RULES.refuses("an op given a dynamic size: XNNPACK takes sizes fixed when the delegate is built")
+def reads_a_dynamic_size(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """XNNPACK's operators take their sizes as numbers fixed when the delegate is built (a view's
+    target shape may infer one -1). Stock's configs refuse every argument that is not a tensor,
+    and say 'invalid dtype' of a size read from `sym_size`: this names the dimension instead."""
+    symbols = dynamic.symbols_read(node)
+    if not symbols:
+        return None
+    return (
+        f"XNNPACK takes the sizes an op is given as numbers fixed at compile time, and this op is given "
+        f"the dynamic size {dynamic.describe_sizes(node.graph, symbols)}"
+    )
+
+
+@RULES.refuses("`addmm` with `beta` or `alpha` other than 1: stock's visitor ignores both")
+def addmm_scaled(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock's addmm visitor (operators/op_addmm.py) serializes a FullyConnected of the bias,
     input and weight and never reads `beta` or `alpha`, which AddmmConfig does not check:
     `addmm(b, x, w, beta=0.5)` comes out `b + x @ w`, silently."""
@@ -475,7 +508,8 @@ def addmm_scaled(node: torch.fx.Node) -> Optional[str]:
     )
 
 
-def max_dim_stock_cannot_pool(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("`max.dim` not over dim 2 or 3 with `keepdim=True`: stock lowers it as a 4-D max pool")
+def max_dim_stock_cannot_pool(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock's max.dim visitor (operators/op_max_dim.py) lowers a max over dim 2 or 3, with
     keepdim, as a 4-D max pooling, and raises from inside to_backend for any other dim
     (-1 and -2 too: "amax.default only supports dim == 2 or dim == 3") or without keepdim;
@@ -496,7 +530,8 @@ def max_dim_stock_cannot_pool(node: torch.fx.Node) -> Optional[str]:
 _NHWC_UNCHECKED = ("aten.max_pool2d.default", "aten.avg_pool2d.default", "aten.prelu.default")
 
 
-def nhwc_op_not_4d(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("a pool or PReLU of an input that is not 4-D: stock lowers them in NHWC")
+def nhwc_op_not_4d(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """XNNPACK lowers pools and PReLU in NHWC: stock's ChannelsLastTaggedReshapePass asserts
     their input is 4-D ("Attempting to convert non-NHWC compatible node to NHWC", from
     inside to_backend), which MaxPool2dConfig, AvgPoolingConfig and PreluConfig do not
@@ -512,7 +547,8 @@ def nhwc_op_not_4d(node: torch.fx.Node) -> Optional[str]:
     )
 
 
-def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
+@RULES.refuses("bilinear upsampling by `scale_factors` not of the output's ratio: XNNPACK reads only the size")
+def bilinear_scale_unlike_size(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock's upsample_bilinear2d visitor (operators/op_static_resize_bilinear_2d.py) passes
     XNNPACK the output size only, so it samples at in / out steps; torch, given
     `scale_factors` and align_corners=False, samples at 1 / scale steps. Where out is not
@@ -536,57 +572,19 @@ def bilinear_scale_unlike_size(node: torch.fx.Node) -> Optional[str]:
     )
 
 
-def reads_a_dynamic_size(node: torch.fx.Node) -> Optional[str]:
-    """XNNPACK's operators take their sizes as numbers fixed when the delegate is built (a view's
-    target shape may infer one -1). Stock's configs refuse every argument that is not a tensor,
-    and say 'invalid dtype' of a size read from `sym_size`: this names the dimension instead."""
-    symbols = dynamic.symbols_read(node)
-    if not symbols:
-        return None
-    return (
-        f"XNNPACK takes the sizes an op is given as numbers fixed at compile time, and this op is given "
-        f"the dynamic size {dynamic.describe_sizes(node.graph, symbols)}"
-    )
-
-
-def llm_custom_op(node: torch.fx.Node) -> Optional[str]:
-    """ExecuTorch's LLM ops (`llama::custom_sdpa`, `llama::update_cache`, also inside the
-    `auto_functionalized` call a mutating one becomes) have CPU kernels only: say that, not
-    what stock or another rule would say of their arguments."""
-    op = node.args[0] if isinstance(node.target, torch._ops.HigherOrderOperator) and node.args else node.target
-    schema = getattr(op, "_schema", None)
-    if schema is None or not schema.name.startswith("llama::"):
-        return None
-    return (
-        f"ExecuTorch's LLM op {schema.name}: chosen for the attention and KV cache, it "
-        "runs as its CPU kernel (extension/llm/custom_ops), which XNNPACK has no operator for"
-    )
-
-
-# Every rule: node -> None when stock's config may take it, else the reason it may not.
-REFUSALS: tuple[NodeRule, ...] = (
-    llm_custom_op,
-    reads_a_dynamic_size,
-    addmm_scaled,
-    max_dim_stock_cannot_pool,
-    nhwc_op_not_4d,
-    bilinear_scale_unlike_size,
-)
-
-
 def refuse_in_configs(partitioner) -> None:
-    """Make every config of `partitioner` apply `REFUSALS` before its own check: a node a
+    """Make every config of `partitioner` apply `RULES` before its own check: a node a
     rule refuses is then neither kept whole (`ops_to_not_decompose` asks the same check)
     nor taken by the partition search."""
     for config in partitioner.target_partitioner_configs.values():
         stock = config.check_constraints
 
         def check(node: torch.fx.Node, ep: ExportedProgram, stock=stock) -> bool:
-            return first_refusal(node, REFUSALS) is None and stock(node, ep)
+            return first_refusal(node, RULES) is None and stock(node, ep)
 
         config.check_constraints = check
 
 
 def refused_nodes(program: ExportedProgram) -> dict[str, str]:
     """Node name -> the reason a rule refuses it, for the placement plan."""
-    return {node.name: reason for node in program.graph.nodes if (reason := first_refusal(node, REFUSALS))}
+    return {node.name: reason for node in program.graph.nodes if (reason := first_refusal(node, RULES))}

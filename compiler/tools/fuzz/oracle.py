@@ -25,6 +25,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import compiler
+from compiler import backends
 from compiler.tools.fuzz.programs import Program, Quantization, Reproducer
 from compiler.ir.errors import CompileError, StageFailure, UnsupportedByRuntime
 from compiler.running.runtime import LoadedProgram, compare_with_eager
@@ -40,10 +41,6 @@ OK, COMPILED, NAMED, WRAPPED, RAW, WRONG, INVALID = (
 TOLERANCE = "tolerance only"
 # Outcomes that are bugs of ours (stock's failures are only recorded).
 FAILURES = (WRAPPED, RAW, WRONG)
-# The packages that register each backend's ExecuTorch recipes.
-RECIPE_PACKAGES = {
-    "xnnpack": "executorch.backends.xnnpack.recipes", "coreml": "executorch.backends.apple.coreml.recipes",
-}
 
 
 @attrs.frozen
@@ -174,20 +171,13 @@ def _judge_quantized(
                               f"({check.tolerance.rule}), within what quantizing moved each output")
 
 
-def core_ml_float32() -> list:
-    """Core ML's compile spec for float32 compute precision. Core ML programs are fuzzed
-    with it, ours and stock's alike: the oracle checks what a program computes, at the
-    programs' float32 tolerances, not float16's rounding (which `--check` judges with
-    its own tolerance)."""
-    import coremltools as ct
-    from executorch.backends.apple.coreml.compiler import CoreMLBackend
-
-    return [CoreMLBackend.generate_compute_precision_compile_spec(ct.precision.FLOAT32)]
-
-
 def backend_options(backend: str) -> dict | None:
-    """The options both paths compile a fuzzed program with."""
-    return {"compile_specs": core_ml_float32()} if backend == "coreml" else None
+    """The options both paths compile a fuzzed program with: the backend computing in float32
+    where it would compute in a lower precision by default (Core ML's float16). The oracle checks
+    what a program computes, at the programs' float32 tolerances, not float16's rounding (which
+    `--check` judges with its own tolerance)."""
+    options = backends.load(backend).float32_options()
+    return dict(options) if options is not None else None
 
 
 def _calibration(program: Program | Reproducer, inputs: tuple) -> list[tuple]:
@@ -212,30 +202,13 @@ def ours(program: Program | Reproducer, backend: str, want) -> Outcome:
         except Exception as error:
             return Outcome(RAW, _first_line(error))
         if quantization:
-            return _judge_quantized(program, inputs, lambda: artifact, artifact.stages["quantize"].module, want)
+            return _judge_quantized(program, inputs, lambda: artifact, artifact.stages.quantize.module, want)
         return _judge(program, inputs, lambda: artifact, want)
 
 
 def stock_partitioners(backend: str) -> list:
-    """The partitioners stock ExecuTorch lowers with for `backend` (default options)."""
-    if backend == "portable":
-        return []
-    if backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        return [XnnpackPartitioner()]
-    if backend == "coreml":
-        from executorch.backends.apple.coreml.partition import CoreMLPartitioner
-
-        return [CoreMLPartitioner(**backend_options(backend))]
-    if backend == "mlx":
-        from compiler.backends.mlx.generated import ensure_generated
-
-        ensure_generated()
-        from executorch.backends.mlx.partitioner import MLXPartitioner
-
-        return [MLXPartitioner()]
-    raise ValueError(f"no stock path for backend {backend!r}")
+    """The partitioners stock ExecuTorch lowers with for `backend` (the options `backend_options` gives)."""
+    return backends.load(backend).stock_partitioners(backend_options(backend))
 
 
 def _is(kind: type) -> Callable[[torch.nn.Module, str], bool]:
@@ -260,7 +233,7 @@ def stock_recipe(quantization: Quantization, backend: str):
             quantization_recipe=QuantizationRecipe(ao_quantization_configs=[config]),
             lowering_recipe=LoweringRecipe(partitioners=stock_partitioners(backend)),
         )
-    importlib.import_module(RECIPE_PACKAGES[backend])
+    importlib.import_module(backends.target(backend).recipes_package)
     (recipe_type,) = (t for t in recipe_registry.get_supported_recipes(backend) if t.value == name)
     kwargs = {"group_size": quantization.group_size} if quantization.granularity == schemes.PER_GROUP else {}
     if scheme.name == "codebook":

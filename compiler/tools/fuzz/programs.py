@@ -23,6 +23,7 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
+from compiler.ir import targets
 from compiler.stages import schemes
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -934,8 +935,9 @@ def quantized_programs(draw, backend: str) -> Program:
     backend takes for it, a group size, maybe an embedding scheme, calibration draws for a
     static scheme."""
     scheme = draw(st.sampled_from([s for s in schemes.SCHEMES if backend in s.backends]))
-    # Portable has no kernel for TorchAO's embedding ops (the quantize stage refuses them there).
-    embedding = draw(st.sampled_from((None,) + (() if backend == "portable" else schemes.EMBEDDING_SCHEMES)))
+    # A backend without TorchAO's embedding ops takes no table scheme (the quantize stage refuses it).
+    takes_tables = targets.BY_NAME[backend].no_table_quantization is None
+    embedding = draw(st.sampled_from((None,) + (schemes.EMBEDDING_SCHEMES if takes_tables else ())))
     quantization = Quantization(
         scheme.name,
         draw(st.sampled_from(scheme.granularities(backend))),

@@ -36,14 +36,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["Divergence", "Location", "StageError", "Step", "locate", "locate_program", "locate_result"]
 
 
-def locate(model: torch.nn.Module, inputs: Any, backend: Any = None, **options: Any) -> Location:
+def locate(model: torch.nn.Module, inputs: Any, backend: Any = None, *, tolerance: float | None = None,
+           **options: Any) -> Location:
     """Compile `model` for `backend` (a name or a Backend object; options as `compiler.compile`
-    takes them) and locate where its program's outputs first leave eager's."""
+    takes them) and locate where its program's outputs first leave eager's (by more than
+    `tolerance`, absolute, when given: else each stage's own)."""
     from compiler.api import compile
 
     inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
     result = compile(model, inputs, backend, **options)
-    return locate_result(result, model, inputs, backend=backend if isinstance(backend, backends.Backend) else None)
+    return locate_result(result, model, inputs, backend=backend if isinstance(backend, backends.Backend) else None,
+                         tolerance=tolerance)
 
 
 def _sources(result: Any) -> list:
@@ -59,7 +62,7 @@ def _sources(result: Any) -> list:
 
 
 def locate_result(
-    result: Any, model: torch.nn.Module, inputs: Any, *, backend: Any = None
+    result: Any, model: torch.nn.Module, inputs: Any, *, backend: Any = None, tolerance: float | None = None
 ) -> Location:
     """Locate the divergence of an existing CompileResult's stages from `model` on `inputs`.
     `backend`: the Backend object it was compiled with, when not the one its configuration names
@@ -67,13 +70,13 @@ def locate_result(
     from compiler.process.dependency_output import DependencyOutput
 
     with DependencyOutput() as output:
-        location = _locate(result, model, inputs, backend)
+        location = _locate(result, model, inputs, backend, tolerance)
         # A Core ML program computing in float16 hides a conversion fault below float16's noise:
         # the same partitions converted computing in float32 (as the check does) are located too.
         remake = getattr(result, "at_float32", None)
         variant = remake() if not location.found and callable(remake) else None
         if variant is not None:
-            at_float32 = _locate(variant, model, inputs, None)
+            at_float32 = _locate(variant, model, inputs, None, tolerance)
             if at_float32.found:
                 note = ("found in the same partitions converted computing in float32 (the float16 program's "
                         "outputs are within float16's tolerance)")
@@ -83,14 +86,14 @@ def locate_result(
     return location
 
 
-def _locate(result: Any, model: torch.nn.Module, inputs: Any, backend: Any) -> Location:
+def _locate(result: Any, model: torch.nn.Module, inputs: Any, backend: Any, tolerance: float | None) -> Location:
     start = time.perf_counter()
     inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    quantized = result.stages.get("quantize")
+    quantized = result.stages.quantize
     reference = quantized.module if getattr(quantized, "float_module", None) is not None else model
     dtype = compare.model_dtype(reference, user_leaves(inputs))
     expected = run_eager(reference, inputs)
-    found = stages.by_stage(result.stages, expected, inputs, dtype)
+    found = stages.by_stage(result.stages, expected, inputs, dtype, tolerance)
     name = result.config.backend
     if found.first_bad is None:
         return Location(name, found.rows, seconds=time.perf_counter() - start)
@@ -145,7 +148,7 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
             values, found_by = None, None
     else:
         values, found_by = None, None
-    split = result.stages.get("split_constants")
+    split = result.stages.split_constants
     if values is None:
         if split is None or split.program is not good or not diverging:
             return None, finding.path, (finding.note or "") + "; the split_constants program is not kept: no cut"

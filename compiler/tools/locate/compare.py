@@ -128,14 +128,15 @@ def activation_allowance(reference: torch.nn.Module, inputs: Sequence[Any], expe
 
 
 def outputs(
-    run: ProgramRun, expected: Sequence[Any], dtype: torch.dtype, steps: ActivationSteps | None = None
+    run: ProgramRun, expected: Sequence[Any], dtype: torch.dtype, steps: ActivationSteps | None = None,
+    given: float | None = None,
 ) -> Compared:
     """A stage's outputs against eager's, at the tolerance for what the stage computes in (plus
-    the activation quantizers' `steps`, when given); an integer output must match exactly, as in
-    the check."""
+    the activation quantizers' `steps`, when given), or at the `given` one, as the check takes it;
+    an integer output must match exactly, as in the check."""
     got = list(run.outputs)
-    chosen = tolerance(run, dtype, got, expected)
-    if steps is not None:
+    chosen = Tolerance.given(given) if given is not None else tolerance(run, dtype, got, expected)
+    if steps is not None and given is None:
         chosen = chosen.with_activation_steps(steps.deviation, steps.quantizers, (steps.smallest, steps.largest),
                                               steps.draws)
     if len(got) != len(expected):

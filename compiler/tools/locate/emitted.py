@@ -50,7 +50,7 @@ def inside(
     """The first node of the lowered program whose value, as the emitted program computes it under
     the runtime, leaves the tolerance against the lowered program's own (run in the fx interpreter);
     the path to it; or why none was named."""
-    lowered, emitted = result.stages.get(STAGE), result.stages.get("emit")
+    lowered, emitted = result.stages.get(STAGE), result.stages.emit
     if lowered is None or emitted is None or not hasattr(lowered, "program"):
         return None, (), "the lowered program is not kept: the emitted program cannot be cut"
     good = lowered.program

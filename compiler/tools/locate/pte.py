@@ -27,7 +27,6 @@ theirs is named, with its payload op; values that could not be matched are said,
 from __future__ import annotations
 
 import difflib
-import importlib
 import logging
 import operator
 import os
@@ -40,6 +39,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from compiler import backends
 from compiler.ir.errors import CompileError
+from compiler.ir.targets import BY_DELEGATE_ID, NO_DELEGATE
 from compiler.tools.locate import compare, nodes
 from compiler.tools.locate.programs import ProgramRun, _Interpreter, placeholder_values, run_eager, user_leaves
 from compiler.tools.locate.report import Divergence, Location, StageError, Step
@@ -47,15 +47,6 @@ from compiler.tools.locate.report import Divergence, Location, StageError, Step
 logger = logging.getLogger(__name__)
 
 STAGE = "the .pte"
-
-# Delegate id -> stock ExecuTorch's partitioner for it ("module:Class"): how stock decomposes and
-# partitions the model, so the rebuilt Edge nodes carry the names the payloads were made from.
-STOCK_PARTITIONERS = {
-    "CoreMLBackend": "executorch.backends.apple.coreml.partition:CoreMLPartitioner",
-    "XnnpackBackend": "executorch.backends.xnnpack.partition.xnnpack_partitioner:XnnpackPartitioner",
-    "MLXBackend": "executorch.backends.mlx.partitioner:MLXPartitioner",
-}
-
 
 def locate_program(pte: bytes | str | os.PathLike, model: torch.nn.Module, inputs: Any) -> Location:
     """Where the `.pte`'s outputs (bytes or a path) on `inputs` leave `model`'s, down to the node."""
@@ -81,10 +72,8 @@ def _delegate_ids(pte: bytes) -> list[str]:
 
 
 def _backend_label(ids: Sequence[str]) -> str:
-    from compiler.ir.targets import BY_DELEGATE_ID
-
     names = [getattr(BY_DELEGATE_ID.get(i), "name", None) or i for i in dict.fromkeys(ids)]
-    return "+".join(names) or "portable"
+    return "+".join(names) or NO_DELEGATE
 
 
 def _locate(pte: bytes, model: torch.nn.Module, inputs: tuple, start: float) -> Location:
@@ -191,12 +180,12 @@ def _rebuild(model: torch.nn.Module, inputs: tuple, ids: Sequence[str]) -> tuple
         return None, f"the model does not export ({type(exc).__name__}: {exc}): no node values to compare with"
     partitioners, unknown = [], []
     for delegate_id in dict.fromkeys(ids):
-        where = STOCK_PARTITIONERS.get(delegate_id)
-        if where is None:
+        target = BY_DELEGATE_ID.get(delegate_id)
+        if target is None or target.stock_partitioner is None:
             unknown.append(delegate_id)
             continue
-        module_name, class_name = where.split(":")
-        partitioners.append(getattr(importlib.import_module(module_name), class_name)())
+        # Stock's partitioner, as the rebuilt Edge nodes must carry the names the payloads were made from.
+        partitioners.extend(backends.load(target.name).stock_partitioners())
     note = (f"no stock partitioner known here for {', '.join(unknown)}: its nodes are decomposed as to_edge does"
             if unknown else None)
     if partitioners:
@@ -369,7 +358,8 @@ def _program_values(pte: bytes, inputs: tuple, graph: _Flat) -> tuple[dict, dict
             continue
         payload = bytes(executor.program.backend_delegate_data[delegate.processed.index].data)
         program = None
-        if delegate.id != "CoreMLBackend" and rebuilt is not None:  # MLX keeps no names: the rebuilt program's
+        keeps_names = getattr(BY_DELEGATE_ID.get(delegate.id), "payload_keeps_node_names", False)
+        if not keeps_names and rebuilt is not None:  # MLX keeps no names: the rebuilt program's
             program = rebuilt[1].original_module
         try:
             values = hook(payload, given, executor.named_data, program=program)

@@ -49,9 +49,11 @@ def _how(artifact: Any, run: ProgramRun) -> str:
 
 
 def by_stage(
-    stages: Mapping[str, Any], expected: Sequence[Any], inputs: Sequence[Any], dtype: torch.dtype
+    stages: Mapping[str, Any], expected: Sequence[Any], inputs: Sequence[Any], dtype: torch.dtype,
+    tolerance: float | None = None,
 ) -> StageBisection:
-    """Each kept stage's outputs against `expected` (eager's) on `inputs`."""
+    """Each kept stage's outputs against `expected` (eager's) on `inputs`, at each stage's own
+    tolerance or at the `tolerance` given (absolute, as the check takes it)."""
     quantized = stages.get("quantize")
     steps = None
     if isinstance(quantized, EagerModel) and quantized.float_module is not None:
@@ -84,7 +86,7 @@ def by_stage(
             logger.debug("stage %s: a %s is not run", name, type(artifact).__name__)
             continue
         runs[name] = run
-        compared = compare.outputs(run, expected, dtype, steps)
+        compared = compare.outputs(run, expected, dtype, steps, tolerance)
         worst = None if any(e is None for e in compared.errors) else compared.max_error
         rows.append(StageError(name, _how(artifact, run), worst, compared.tolerance.absolute, compared.tolerance.rule,
                                compared.passed))

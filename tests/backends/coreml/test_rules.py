@@ -1,6 +1,6 @@
 """Core ML rules: bool min/max, integer bitwise_and, log1p, 0-d fills, index_put forms, rank above 5, ceil-mode pools, pixel_unshuffle below iOS 16, size expressions read from outside Core ML."""
 
-import contextlib
+from unittest import mock
 
 import pytest
 import torch
@@ -476,17 +476,10 @@ def test_pad_of_bool_runs_on_the_cpu():
     assert any("pad" in op and "of bool data" in cpu_reasons(artifact)[node] for node, op in cpu_ops(artifact).items())
 
 
-@contextlib.contextmanager
 def _without_rule(name):
-    from compiler.backends.coreml.rules import NODE_RULES
+    from compiler.backends.coreml import rules
 
-    (rule,) = [r for r in NODE_RULES if r.name == name]
-    index = NODE_RULES.index(rule)
-    NODE_RULES.remove(rule)
-    try:
-        yield
-    finally:
-        NODE_RULES.insert(index, rule)
+    return mock.patch.object(rules, "NODE_RULES", rules.NODE_RULES.without(name))
 
 
 class Pooled(nn.Module):
