@@ -1,4 +1,5 @@
 import logging
+import os
 import random
 import warnings
 
@@ -8,6 +9,10 @@ import torch
 from tiny_models import AddMul  # tests/tiny_models.py: test modules import it from there
 
 warnings.filterwarnings("ignore", category=FutureWarning)
+# One torch thread per pytest-xdist worker: the workers already fill the cores, and two threads each
+# on two cores only wait on one another.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 logging.getLogger("torchao").setLevel(logging.ERROR)
 
 
