@@ -88,6 +88,13 @@ def lift_constant(ep: ExportedProgram, name: str, value: torch.Tensor, fake_mode
     return node
 
 
+def rename_output(ep: ExportedProgram, old: str, new: str) -> None:
+    """The graph signature names outputs by node: follow a replaced output node."""
+    for spec in ep.graph_signature.output_specs:
+        if getattr(spec.arg, "name", None) == old:
+            spec.arg.name = new
+
+
 def call_nodes(ep: ExportedProgram) -> Iterator[torch.fx.Node]:
     return (n for n in ep.graph.nodes if n.op == "call_function")
 

@@ -85,8 +85,10 @@ from torch.utils import _pytree as pytree
 from compiler.ir import dynamic
 from compiler.ir.artifacts import AtenProgram, EagerModel
 from compiler.ir.errors import CaptureError, UserInputError
-from compiler.ir.graph import TRANSFORM_MARKERS, writes_argument
+from compiler.ir.graph import TRANSFORM_MARKERS, rename_output, writes_argument
 from compiler.ir.invariants import owns_its_bytes, plain_tensor, row_major
+from compiler.passes.complex_pairs import complex_as_real_pairs
+from compiler.passes.resizes import antialiased_resizes_as_matmuls
 from compiler.stages.base import Stage, StageContext
 from compiler.reporting.report import Metric, counted
 
@@ -201,14 +203,7 @@ def _clone_input(ep: ExportedProgram, node: torch.fx.Node, source: torch.fx.Node
     clone.meta = {k: v for k, v in source.meta.items() if k in ("val", "tensor_meta", "stack_trace")}
     node.replace_input_with(source, clone)
     if node.op == "output":
-        _rename_output(ep, source.name, clone.name)
-
-
-def _rename_output(ep: ExportedProgram, old: str, new: str) -> None:
-    """The graph signature names outputs by node: follow a replaced output node."""
-    for spec in ep.graph_signature.output_specs:
-        if getattr(spec.arg, "name", None) == old:
-            spec.arg.name = new
+        rename_output(ep, source.name, clone.name)
 
 
 def _may_return_its_input(node: torch.fx.Node) -> bool:
@@ -277,7 +272,7 @@ def select_by_tensor(ep: ExportedProgram) -> int:
         for new in (wrapped, flat, picked, squeezed):
             new.meta["stack_trace"] = node.meta.get("stack_trace")
         node.replace_all_uses_with(squeezed)
-        _rename_output(ep, node.name, squeezed.name)
+        rename_output(ep, node.name, squeezed.name)
         graph.erase_node(node)
         if not item.users:
             graph.erase_node(item)
@@ -413,6 +408,10 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
         Metric("vmap_inlined", "flag", lambda _: "inlined vmap regions"),
         Metric("views_owned", "count", lambda n: f"gave {counted(n, 'constant view')} its own storage"),
         Metric("constants_made_row_major", "count", lambda n: f"made {counted(n, 'constant')} row-major"),
+        Metric("complex_as_pairs", "count",
+               lambda n: f"computed {counted(n, 'complex value')} as real pairs (real, imaginary)"),
+        Metric("antialiased_resizes", "count",
+               lambda n: f"wrote {counted(n, 'antialiased resize')} as matrix products with torch's weights"),
     )
 
     def apply(self, model: EagerModel, ctx: StageContext) -> AtenProgram:
@@ -431,6 +430,12 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
         buffers = mutated_constants_as_buffers(program)
         if buffers:
             ctx.metrics["constants_made_buffers"] = len(buffers)
+        complex_values = complex_as_real_pairs(program)
+        if complex_values:
+            ctx.metrics["complex_as_pairs"] = complex_values
+        resizes = antialiased_resizes_as_matmuls(program)
+        if resizes:
+            ctx.metrics["antialiased_resizes"] = resizes
         selects = select_by_tensor(program)
         if selects:
             ctx.metrics["selects_by_tensor"] = selects

@@ -109,3 +109,11 @@ def test_core_ml_refuses_add_with_alpha_naming_the_upstream_issue():
         "alpha in the model instead to delegate it (https://github.com/apple/coremltools/issues/2573)"
     )
     assert first_refusal(node, NODE_RULES.without("add_sub_with_alpha"), RuleContext()) is None
+
+
+def test_core_ml_refuses_an_antialiased_resize_it_would_compute_without_antialias():
+    from compiler.backends.coreml.rules import RuleContext, refusal
+
+    node = _node(lambda x: torch.nn.functional.interpolate(x, size=(4, 4), mode="bilinear", antialias=True),
+                 torch.ones(1, 1, 8, 8))
+    assert "converts aten._upsample_bilinear2d_aa" in refusal(node, RuleContext())

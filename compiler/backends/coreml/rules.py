@@ -137,6 +137,18 @@ def no_coremltools_converter(node, ctx) -> Optional[str]:
     return None
 
 
+@NODE_RULES.refuses("an antialiased resize: coremltools converts it as a plain one (antialias ignored)")
+def antialiased_resize(node, ctx) -> Optional[str]:
+    """Capture writes these as matrix products; one that still reaches Core ML (a stage file from
+    before) stays on the CPU rather than computing another resize."""
+    if _is(node, torch.ops.aten._upsample_bilinear2d_aa, torch.ops.aten._upsample_bicubic2d_aa):
+        return (
+            f"coremltools converts {op_name(node.target)} as a resize without antialias (0.2 off eager on a "
+            "camera frame); capture writes it as matrix products, so compile from the model again"
+        )
+    return None
+
+
 @NODE_RULES.refuses(
     "`add` or `sub` with `alpha` other than 1: coremltools converts it wrongly",
     issue="https://github.com/apple/coremltools/issues/2573",
