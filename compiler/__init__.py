@@ -33,6 +33,7 @@ _EXPORTS = {
     "VerificationError": "compiler.ir.errors",
     "sweep": "compiler.tools.sweeps",
     "generate": "compiler.tools.generation",
+    "compile_job": "compiler.tools.compile_job",
     "locate": "compiler.tools.locate",
     "locate_result": "compiler.tools.locate",
     "locate_program": "compiler.tools.locate",

@@ -427,21 +427,17 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
             raise _capture_error(model, exc) from exc
         _refuse_unbounded_sizes(program)
         return_types_as_tuples(program)
-        buffers = mutated_constants_as_buffers(program)
-        if buffers:
-            ctx.metrics["constants_made_buffers"] = len(buffers)
-        complex_values = complex_as_real_pairs(program)
-        if complex_values:
-            ctx.metrics["complex_as_pairs"] = complex_values
-        resizes = antialiased_resizes_as_matmuls(program)
-        if resizes:
-            ctx.metrics["antialiased_resizes"] = resizes
-        selects = select_by_tensor(program)
-        if selects:
-            ctx.metrics["selects_by_tensor"] = selects
-        cloned = distinct_mutated_values(program)
-        if cloned:
-            ctx.metrics["mutation_sources_cloned"] = cloned
+        rewrites = (  # in this order, each in place; the metric counts what it rewrote
+            ("constants_made_buffers", lambda ep: len(mutated_constants_as_buffers(ep))),
+            ("complex_as_pairs", complex_as_real_pairs),
+            ("antialiased_resizes", antialiased_resizes_as_matmuls),
+            ("selects_by_tensor", select_by_tensor),
+            ("mutation_sources_cloned", distinct_mutated_values),
+        )
+        for metric, rewrite in rewrites:
+            count = rewrite(program)
+            if count:
+                ctx.metrics[metric] = count
         if has_transform_regions(program):
             program = inline_transform_regions(program)
             ctx.metrics["vmap_inlined"] = True
