@@ -43,7 +43,7 @@ class LiveProgress(Instrument):
         if self.live:
             self._progress = Progress(
                 SpinnerColumn(finished_text="[green]✓[/]"),
-                TextColumn("{task.description:<21}"),
+                TextColumn("{task.description:<24}"),
                 TextColumn("{task.elapsed:>6.2f} s"),
                 TextColumn("[dim]{task.fields[step]}"),
                 console=self.console,
@@ -76,7 +76,7 @@ class LiveProgress(Instrument):
             self._progress.stop_task(self._task)  # freezes its elapsed time
         elif not self.live:
             seconds = time.perf_counter() - self._start
-            self.console.print(f"{self._label(stage):<21} {seconds:7.2f} s  {outcome}".rstrip(), highlight=False)
+            self.console.print(f"{self._label(stage):<24} {seconds:7.2f} s  {outcome}".rstrip(), highlight=False)
 
     def after_stage(self, stage, before, after):
         self._end_stage(stage, _memory_held())

@@ -124,30 +124,12 @@ def compile_job(
             programs.store(result.program, result.report)
     report = attrs.evolve(result.report, model=model)
     cache_dir = options.get("cache_dir") if options.get("cache", True) else None
-    found = None
-    if result.stopped_after == STAGE_NAMES[-1]:
-        if output:
-            with _writing(places["output"], output, "the program", cache_dir):
-                result.save(output)
-        if check:
-            from compiler import api
-            from compiler.running import runtime
-
-            if resume_from:  # the check needs the eager model its program quantized
-                result = quietly("quantizing the model for the check", api.with_quantized_model, result, module,
-                                 inputs, dynamic_shapes, calibration)
-            found = quietly("checking against eager", runtime.compare_with_eager, result, module, inputs,
-                            tolerance=tolerance)
-            report = attrs.evolve(report, check=found.to_json())
-    elif output:
-        from compiler.driver.stage_files import can_save, save_stage_file
-
-        if can_save(result.artifact):
-            with _writing(places["output"], output, "the stage file", cache_dir):
-                save_stage_file(output, result.artifact, result.stopped_after, result.config)
-        else:
-            output = None
-    location = None
+    output = _save(result, output, places["output"], cache_dir)
+    found = location = None
+    if check and result.stopped_after == STAGE_NAMES[-1]:
+        result, found = _check(result, module, inputs, dynamic_shapes, calibration, tolerance, bool(resume_from),
+                               quietly)
+        report = attrs.evolve(report, check=found.to_json())
     if locate and found is not None and not found.passed:
         from compiler.tools.locate import locate_result
 
@@ -159,18 +141,49 @@ def compile_job(
             json.dump(report.to_json(), f, indent=2)
         reports.append(report_json)
     if report_html:
-        title = f"{model or report.resumed_from} compiled for {report.config.get('backend')}"
         if module is not None and getattr(result.stages, "partition", None) is None and _reached_partition(result):
             # The stage cache stood in for partition without loading its program: the page's graph
             # is drawn from it, so it is made again (from the cache's latest program before it).
             again = quietly("drawing the partitioned program", _partitioned, result, module, inputs, dynamic_shapes,
                             calibration, {k: v for k, v in run.items() if k not in ("instruments", "stop_after")})
             result = attrs.evolve(result, stages={**result.stages, "partition": again})
-        page = html_page(report, result, title, location)
+        title = f"{model or report.resumed_from} compiled for {report.config.get('backend')}"
         with _writing(places["report_html"], report_html, "the report", cache_dir), open(report_html, "w") as f:
-            f.write(page)
+            f.write(html_page(report, result, title, location))
         reports.append(report_html)
     return CompileJob(result, report, found, location, output, tuple(reports))
+
+
+def _save(result: Any, output: str | None, place: str, cache_dir: str | None) -> str | None:
+    """The program (or, for a run stopped early, its stage file) written to `output`; the path
+    written, None when nothing was (an artifact no stage file holds)."""
+    if not output:
+        return None
+    if result.stopped_after == STAGE_NAMES[-1]:
+        with _writing(place, output, "the program", cache_dir):
+            result.save(output)
+        return output
+    from compiler.driver.stage_files import can_save, save_stage_file
+
+    if not can_save(result.artifact):
+        return None
+    with _writing(place, output, "the stage file", cache_dir):
+        save_stage_file(output, result.artifact, result.stopped_after, result.config)
+    return output
+
+
+def _check(result: Any, module: Any, inputs: Any, dynamic_shapes: Any, calibration: Any, tolerance: float | None,
+           resumed: bool, quietly: Callable[..., Any]) -> tuple[Any, Any]:
+    """The check against eager, and the result it checked (with the eager quantized model a
+    resumed run's check needs)."""
+    from compiler import api
+    from compiler.running import runtime
+
+    if resumed:  # the check needs the eager model its program quantized
+        result = quietly("quantizing the model for the check", api.with_quantized_model, result, module, inputs,
+                         dynamic_shapes, calibration)
+    found = quietly("checking against eager", runtime.compare_with_eager, result, module, inputs, tolerance=tolerance)
+    return result, found
 
 
 def _reached_partition(result: Any) -> bool:
