@@ -23,7 +23,7 @@ import importlib
 import inspect
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -628,6 +628,54 @@ def _flag_set(name: str) -> Iterator[None]:
         yield
     finally:
         setattr(_this_thread, name, getattr(_this_thread, name) - 1)
+
+
+_DIM_ORDER_USERS = (
+    "executorch.exir.tensor", "executorch.exir.tensor_layout", "executorch.exir.emit._emitter",
+    "executorch.exir.passes.replace_view_copy_with_view_pass",
+)
+
+
+def _larger_stride(a: Any, b: Any) -> bool:
+    """Whether stride `a` orders before `b` (is larger), proven symbolically: known greater, or a
+    multiple of `b` and not known equal (`16*u0` before `16`: for u0 of 0 or 1 the tensor is empty
+    or the two dims tie, where either order is the layout)."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
+
+    if guard_or_false(a > b):
+        return True
+    return bool(guard_or_false(a % b == 0) and guard_or_true(a != b))
+
+
+def _dim_order_of(stride: Sequence[Any]) -> tuple[int, ...]:
+    def compare(x: tuple[int, Any], y: tuple[int, Any]) -> int:
+        return -1 if _larger_stride(x[1], y[1]) else 1 if _larger_stride(y[1], x[1]) else 0
+
+    return tuple(index for index, _ in sorted(enumerate(stride), key=functools.cmp_to_key(compare)))
+
+
+@contextlib.contextmanager
+def data_dependent_strides_ordered() -> Iterator[None]:
+    """While the block runs, ExecuTorch's `exir.tensor.dim_order_from_stride` orders strides that
+    hold a data-dependent size: stock proves `16 < 16*u0` by divisibility but not `16*u0 < 16`'s
+    falsehood, and raises `GuardOnDataDependentSymNode` for any program with a tensor of shape
+    (1, u0, 16) (a gather by `nonzero`), at emit, on every backend. Stock's answer stands wherever
+    it gives one."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    def wrap(original: Callable) -> Callable:
+        def dim_order_from_stride(stride):
+            try:
+                return original(stride)
+            except GuardOnDataDependentSymNode:
+                return _dim_order_of(stride)
+
+        return dim_order_from_stride
+
+    with contextlib.ExitStack() as stack:
+        for name in _DIM_ORDER_USERS:  # each module that imported the function by name
+            stack.enter_context(_replaced(importlib.import_module(name), "dim_order_from_stride", wrap))
+        yield
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from compiler.ir.errors import CompileError
 from compiler.ir.graph import copy_program, delegate_calls, state_not_starting_at_zero
 from compiler.ir.private_api import (
     blobs_spilled,
+    data_dependent_strides_ordered,
     delegate_data_in_file,
     delegate_outputs_from_call_sites,
     deserialize_pte,
@@ -193,6 +194,7 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
             stack.enter_context(delegate_outputs_from_call_sites(program.graph_module))
         # The CPU's weights go to files as the emitter stores them, as the delegates' did in lower.
         stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES))
+        stack.enter_context(data_dependent_strides_ordered())
         emitted = manager.to_executorch(config)
     # The plans as emitted: reading them back from the bytes would copy every payload again.
     plans = [plan for plan in emitted.executorch_program.execution_plan if plan.name in programs]

@@ -1,0 +1,48 @@
+"""A tensor of a data-dependent size in a dimension other than the first (a gather by
+`torch.nonzero`, as a VLM picks its text tokens) reaches the emitter: stock's
+`dim_order_from_stride` proves `16 < 16*u0` but not the converse and raised at emit on every
+backend; ours orders such strides (a multiple of another stride is the larger) and the program
+runs right for any count, 0 and 1 included."""
+
+import pytest
+import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+import compiler
+
+slow = pytest.mark.slow
+
+
+class TextTokens(torch.nn.Module):
+    """The embeddings of the tokens whose id is not padding, projected and summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, embeds, ids):
+        where = torch.nonzero(ids[0] > 0).reshape(-1)
+        return self.proj(embeds[:, where]).sum(1)
+
+
+IDS = torch.tensor([[1, 2, 0, 3, 4, 0, 1, 0]])
+
+
+@pytest.mark.parametrize("backend", ["portable", pytest.param("xnnpack", marks=slow), "coreml",
+                                     pytest.param("mlx", marks=slow)])
+def test_a_gather_by_nonzero_compiles_and_runs_right_for_any_count(backend):
+    model = TextTokens().eval()
+    result = compiler.compile(model, (torch.randn(1, 8, 16), IDS), backend, cache=False)
+    for ids in (IDS, torch.zeros(1, 8, dtype=torch.long), torch.tensor([[0, 0, 5, 0, 0, 0, 0, 0]]),
+                torch.ones(1, 8, dtype=torch.long)):
+        inputs = (torch.randn(1, 8, 16), ids)
+        check = compiler.compare_with_eager(result, model, inputs)
+        assert check.passed, (ids, check.describe())
+
+
+def test_stock_raises_at_emit_on_the_data_dependent_stride():
+    from executorch.exir import to_edge_transform_and_lower
+
+    exported = torch.export.export(TextTokens().eval(), (torch.randn(1, 8, 16), IDS))
+    with pytest.raises(GuardOnDataDependentSymNode, match=r"16\*u\d+ < 16"):
+        to_edge_transform_and_lower(exported).to_executorch()
