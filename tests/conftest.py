@@ -56,7 +56,12 @@ def cache_folder_of_the_test(tmp_path_factory, monkeypatch):
 # the others run with -m slow (the whole family: `-m "slow or not slow"`).
 SAMPLED = {
     ("tests/backends/mlx/test_mlx_support_table.py", "test_op_lowers_and_matches_eager"): 3,
-    ("tests/backends/xnnpack/test_xnnpack_support_table.py", "test_op_lowers_and_matches_eager"): 2,
+    ("tests/backends/xnnpack/test_xnnpack_support_table.py", "test_op_lowers_and_matches_eager"): 3,
+    ("tests/running/test_quantized_check.py", "test_a_quantized_program_is_checked_against_the_eager_quantized_model"): 2,
+    ("tests/test_locate_faults.py", "test_the_fault_is_real"): 2,
+    ("tests/fuzz/test_fuzz_quantize.py",
+     "test_quantized_random_programs_compile_or_are_refused_by_name_and_match_the_eager_quantized_model"): 2,
+    ("tests/backends/coreml/test_coreml_quantize.py", "test_scheme_runs_in_core_ml_and_matches_the_eager_quantized_model"): 2,
     ("tests/backends/xnnpack/test_xnnpack_cpu_moves.py", "test_the_op_runs_in_one_delegate_and_matches_eager"): 3,
     ("tests/backends/xnnpack/test_stock_visitors.py", "test_stock_is_wrong_and_we_are_right"): 2,
     ("tests/backends/mlx/test_mlx_quantize.py", "test_linear_and_embedding_stay_quantized"): 2,
