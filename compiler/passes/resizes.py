@@ -14,6 +14,7 @@ named error, not a program.
 from __future__ import annotations
 
 import logging
+
 import torch
 from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
@@ -43,11 +44,14 @@ def _arguments(node: torch.fx.Node) -> tuple[bool, float | None, float | None]:
     return bool(align), node.kwargs.get("scales_h", args[3]), node.kwargs.get("scales_w", args[4])
 
 
+def _kernel(mode: str):
+    return aten._upsample_bilinear2d_aa.default if mode == "bilinear" else aten._upsample_bicubic2d_aa.default
+
+
 def _resize(identity: torch.Tensor, size: list[int], mode: str, align: bool, scales: tuple) -> torch.Tensor:
     """torch's antialiased kernel itself, on a float64 matrix (its 2-D form: a 1-wide input takes
     another path in torch 2.13 and gives other weights)."""
-    op = aten._upsample_bilinear2d_aa.default if mode == "bilinear" else aten._upsample_bicubic2d_aa.default
-    return op(identity[None, None], size, align, *scales)[0, 0]
+    return _kernel(mode)(identity[None, None], size, align, *scales)[0, 0]
 
 
 def resize_weights(mode: str, in_size: tuple[int, int], out_size: tuple[int, int], align: bool,
@@ -63,8 +67,7 @@ def _reproduces(node: torch.fx.Node, mode: str, rows: torch.Tensor, columns: tor
     """The largest error of the matrix products against the kernel on a random float64 input."""
     x = torch.randn(*shape[-2:], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     align, scale_h, scale_w = _arguments(node)
-    op = aten._upsample_bilinear2d_aa.default if mode == "bilinear" else aten._upsample_bicubic2d_aa.default
-    want = op(x[None, None], [rows.shape[0], columns.shape[1]], align, scale_h, scale_w)[0, 0]
+    want = _kernel(mode)(x[None, None], [rows.shape[0], columns.shape[1]], align, scale_h, scale_w)[0, 0]
     return (rows @ x @ columns - want).abs().max().item()
 
 
