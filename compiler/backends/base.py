@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import abc
-import importlib
 import contextlib
+import importlib
 import inspect
 from typing import Any, Callable, ClassVar, ContextManager, Mapping
 
