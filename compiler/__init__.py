@@ -34,6 +34,7 @@ _EXPORTS = {
     "sweep": "compiler.tools.sweeps",
     "generate": "compiler.tools.generation",
     "compile_job": "compiler.tools.compile_job",
+    "check_nodes": "compiler.tools.locate.every_node",
     "locate": "compiler.tools.locate",
     "locate_result": "compiler.tools.locate",
     "locate_program": "compiler.tools.locate",

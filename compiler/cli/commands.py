@@ -89,6 +89,11 @@ def add_parsers(commands, talk: argparse.ArgumentParser) -> None:
         "backend takes; stock compiles them with ExecuTorch's recipe for the scheme; both are compared with their "
         "eager quantized model",
     )
+    fuzz_cmd.add_argument(
+        "--check-nodes", action="store_true",
+        help="check every node of each program whose outputs pass against eager's op on the same inputs "
+        "(compiler.check_nodes); a node over its own tolerance is a finding",
+    )
 
 
 def _run(args: argparse.Namespace, terminal: Terminal) -> int:
@@ -195,6 +200,7 @@ def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
     found = campaign.fuzz(
         args.backend or flags.DEFAULT_BACKEND, args.examples, args.seed, out_dir=args.out_dir,
         with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress, quantize=args.quantize,
+        check_nodes=args.check_nodes,
     )
     terminal.say(f"\n{found.table()}\n\n{found.details()}")
     for case in found.failures + found.shrunk:

@@ -46,6 +46,11 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
         help="with --check: when the check fails, name the first stage and node whose outputs leave eager's",
     )
     command.add_argument(
+        "--check-nodes", action="store_true",
+        help="compare every node of the program (inside delegates too) with eager's op on the same inputs, each at "
+        "a tolerance for its own precision and magnitude: finds what the outputs hide (a softmax behind a fault)",
+    )
+    command.add_argument(
         "--report-json", metavar="FILE",
         help="write the whole report as JSON: model, backend and options, versions, stages, placement per node, check",
     )
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace, terminal) -> int:
         calibration_file=args.calibration, calibration_draws=args.calibration_draws,
         output=common.file_to_write("-o", args.output), report_json=common.file_to_write("--report-json", args.report_json),
         report_html=common.file_to_write("--report-html", args.report_html), check=args.check, tolerance=args.tolerance,
-        locate=args.locate, instruments=terminal.instruments(), quietly=terminal.quietly, places=PLACES, **given,
+        locate=args.locate, check_nodes=args.check_nodes, instruments=terminal.instruments(), quietly=terminal.quietly, places=PLACES, **given,
     )
     print_report(terminal, job.report)
     if job.location is not None:
@@ -114,6 +119,8 @@ def _print_outcome(terminal, job) -> None:
         terminal.say(f"wrote {path}")
     if job.check is not None:
         terminal.check(job.check)
+    if job.nodes is not None:
+        terminal.out.print(job.nodes.describe(), highlight=False, markup=False)
 
 
 def _sizes(program, output: str) -> str:

@@ -136,6 +136,7 @@ class Report:
     # What was compiled ("transformer:depth=2") and the check against eager (`CheckResult.to_json()`).
     model: str | None = None
     check: Mapping[str, Any] | None = None
+    check_nodes: Mapping[str, Any] | None = None  # `NodeCheck.to_json()`, when asked
 
     # At most this many op nodes are listed one per line in the terminal; more are grouped.
     PER_NODE_LIMIT = 60
@@ -250,6 +251,7 @@ class Report:
             "nodes": [attrs.asdict(n) for n in plan.described()] if plan else [],
             "placement": [attrs.asdict(s) for s in self.placement],
             "check": dict(self.check) if self.check is not None else None,
+            "check_nodes": dict(self.check_nodes) if self.check_nodes is not None else None,
         }
 
 

@@ -46,10 +46,11 @@ class CompileJob:
     location: Any = None
     output: str | None = None
     reports: tuple[str, ...] = ()
+    nodes: Any = None  # the node check (`compiler.check_nodes`), when asked
 
     @property
     def passed(self) -> bool:
-        return self.check is None or self.check.passed
+        return (self.check is None or self.check.passed) and (self.nodes is None or self.nodes.passed)
 
 
 def compile_job(
@@ -66,6 +67,7 @@ def compile_job(
     check: bool = False,
     tolerance: float | None = None,
     locate: bool = False,
+    check_nodes: bool = False,
     instruments: Sequence[Any] = (),
     quietly: Callable[..., Any] = _directly,
     places: Mapping[str, str] = PLACES,
@@ -79,10 +81,12 @@ def compile_job(
     dependencies print)."""
     resume_from = options.get("resume_from")
     backend = backend or (None if resume_from else targets.DEFAULT)
-    _refuse_mistakes(model, resume_from, check, locate, dynamic_dim, calibration_file, calibration_draws)
+    _refuse_mistakes(model, resume_from, check, locate, check_nodes, dynamic_dim, calibration_file, calibration_draws)
     options = _with_default_folders(options)
     config_options, driving = configuration.split_options(options)
     run = {name: value for name, value in options.items() if name not in config_options}
+    if check_nodes:  # it reads every stage's program, which a stage cache hit does not load
+        run["cache"] = False
     config = None
     if not resume_from:
         config = configuration.CompileConfig(
@@ -99,7 +103,7 @@ def compile_job(
                                         written)
     # A check builds and captures the model anyway (the stage cache serves the rest); the HTML
     # report draws the partitioned program, which the program cache does not keep.
-    served = programs is not None and not check and not report_html
+    served = programs is not None and not check and not check_nodes and not report_html
     result = programs.load() if served else None
     module = inputs = dynamic_shapes = calibration = None
     if result is None:
@@ -135,6 +139,12 @@ def compile_job(
 
         location = quietly("locating where the outputs diverge", locate_result, result, module, inputs,
                            tolerance=tolerance)
+    nodes = None
+    if check_nodes and result.stopped_after == STAGE_NAMES[-1]:
+        from compiler.tools.locate.every_node import check_nodes as check_every_node
+
+        nodes = quietly("checking every node against eager", check_every_node, result, module, inputs)
+        report = attrs.evolve(report, check_nodes=nodes.to_json())
     reports = []
     if report_json:
         with _writing(places["report_json"], report_json, "the report", cache_dir), open(report_json, "w") as f:
@@ -151,7 +161,7 @@ def compile_job(
         with _writing(places["report_html"], report_html, "the report", cache_dir), open(report_html, "w") as f:
             f.write(html_page(report, result, title, location))
         reports.append(report_html)
-    return CompileJob(result, report, found, location, output, tuple(reports))
+    return CompileJob(result, report, found, location, output, tuple(reports), nodes)
 
 
 def _save(result: Any, output: str | None, place: str, cache_dir: str | None) -> str | None:
@@ -208,13 +218,17 @@ def html_page(report: Any, result: Any, title: str, location: Any = None) -> str
                        located=location.highlight() if location else None)
 
 
-def _refuse_mistakes(model, resume_from, check, locate, dynamic_dim, calibration_file, calibration_draws) -> None:
+def _refuse_mistakes(model, resume_from, check, locate, check_nodes, dynamic_dim, calibration_file,
+                     calibration_draws) -> None:
     """What the job cannot do with what it was given, before any work (by the keywords' names,
     which the CLI shows as its flags)."""
     if not model and not resume_from:
         raise UserInputError("compile needs a MODEL (or resume_from FILE)", hint="see `python -m compiler examples`")
     if locate and not check:
         raise UserInputError("locate=True locates a failed check=True", hint="add check=True")
+    if check_nodes and resume_from:
+        raise UserInputError("check_nodes=True compares the captured program's nodes, which a resumed run does not "
+                             "have", hint="compile the MODEL from the start")
     if check and not model:
         raise UserInputError("check=True needs the MODEL to compare with", hint="pass MODEL along with resume_from")
     if model:

@@ -13,7 +13,8 @@ replaces the whole registry at once, so no thread sees it half patched.
   `nn.MultiheadAttention` is float, not bool) unless the fill value is only
   known at run time;
 - `rms_norm` without eps gets torch's default, the dtype's machine epsilon
-  (stock: "got 3 input(s), expected [4]");
+  (stock: "got 3 input(s), expected [4]"), and adds it to the mean square as torch does
+  (stock adds it to the mean square of x scaled by its largest |x|: 0.3 off at magnitude 1e-3);
 - `gelu(approximate="tanh")` reads `approximate` from the keyword arguments
   (stock silently converts the exact gelu);
 - a max pool without a stride gets its kernel size, torch's default (stock: "got 2
@@ -145,16 +146,39 @@ def _fill_with_torch_dtype(original: Converter, value_index: int | None) -> Conv
 
 
 def _rms_norm_default_eps(original: Converter) -> Converter:
+    """torch's rms_norm is x / sqrt(mean(x^2) + eps) (eps=None: the dtype's machine epsilon).
+    coremltools 9.0 divides x by its row's largest |x| m first (so x^2 cannot overflow float16)
+    and adds eps to the scaled mean square, which is sqrt(mean(x^2) + eps * m^2): rows of
+    magnitude 1e-3 with eps 1e-6 come out 0.3 off (a row of zeros, NaN). We scale by
+    s = max(m, sqrt(eps)) and add (sqrt(eps) / s)^2: torch's value, every square at most 1
+    (no float16 overflow, and small rows scaled up out of float16's subnormals)."""
+
     @functools.wraps(original)
     def convert(context, node):
-        if len(node.inputs) < 4:
+        inputs = list(node.inputs) + [None] * (4 - len(node.inputs))
+        eps = _literal(context, inputs[3])
+        if eps is None:
             expected = node.meta.get("val") if node.meta else None
             dtype = expected.dtype if isinstance(expected, torch.Tensor) else torch.float32
-            # torch's RMSNorm with eps=None uses the input dtype's machine epsilon.
             eps = float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps)
-            padded = tuple(node.inputs) + (None,) * (3 - len(node.inputs))
-            node.inputs = padded + (eps,)
-        original(context, node)
+        shape = _literal(context, inputs[1])
+        x = context[inputs[0]]
+        if not fixes.on("rms_norm_scaled_epsilon") or shape is None or not types.is_float(x.dtype):
+            node.inputs = tuple(inputs[:3]) + (eps,)
+            return original(context, node)
+        axes = list(range(-len(np.atleast_1d(shape)), 0))
+        root = types.nptype_from_builtin(x.dtype)(np.sqrt(eps))  # normal in float16 where eps is not
+        scale = mb.maximum(x=mb.reduce_max(x=mb.abs(x=x), axes=axes, keep_dims=True), y=root)
+        scaled = mb.real_div(x=x, y=scale)
+        mean_square = mb.reduce_mean(x=mb.square(x=scaled), axes=axes, keep_dims=True)
+        shifted = mb.add(x=mean_square, y=mb.square(x=mb.real_div(x=root, y=scale)))
+        rms = mb.mul(x=mb.sqrt(x=shifted), y=scale)
+        weight = context[inputs[2]] if inputs[2] is not None else None
+        if weight is None:
+            result = mb.real_div(x=x, y=rms, name=node.name)
+        else:
+            result = mb.mul(x=mb.real_div(x=x, y=rms), y=weight, name=node.name)
+        context.add(result, torch_name=node.name)
 
     return convert
 

@@ -18,6 +18,7 @@ which is the node's name wherever coremltools kept it.
 from __future__ import annotations
 
 import json
+import operator
 import pathlib
 import tempfile
 from typing import Any, Mapping, Sequence
@@ -141,6 +142,17 @@ def _by_var_name(env: Mapping[str, Any], producer: Mapping[str, Any]) -> Payload
     return PayloadValues(values, ops)
 
 
+def _var_names(node: torch.fx.Node) -> tuple[str, ...]:
+    """The names coremltools gives the var of a node's value: the node's (its float16 recast's);
+    for an item of a multi-output op, the op's output of that index (`<op>_<i>`, `<op>_cast_fp16_<i>`),
+    as the items' getitem nodes share their op's debug handle (the handle would give the first)."""
+    names = (node.name, node.name + _FP16_SUFFIX)
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        source, index = node.args[0].name, node.args[1]
+        names += (f"{source}_{index}", f"{source}{_FP16_SUFFIX}_{index}")
+    return names
+
+
 def _by_node(
     program: Any, env: Mapping[str, Any], ops: Sequence[Any], named: Mapping[str, Any],
     handles: Mapping[str, tuple[int, ...]], output_names: Sequence[str],
@@ -151,7 +163,7 @@ def _by_node(
     ]
     var_of: dict[str, str] = {}  # node name -> the var holding its value
     for node in nodes:
-        for name in (node.name, node.name + _FP16_SUFFIX):
+        for name in _var_names(node):
             if name in named:
                 var_of[node.name] = name
                 break

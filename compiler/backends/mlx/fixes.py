@@ -45,6 +45,10 @@ FIXES: dict[str, str] = {
         "clamp of an integer tensor by float bounds casts the bounds to the input's dtype "
         "(clamp(int x, min=0.5) gives 0 where torch gives 0.5)"
     ),
+    "rms_norm_epsilon_made_explicit": (
+        "rms_norm(eps=None) adds 1e-5 where torch adds finfo(dtype).eps (1.19e-7 for float32): rows of "
+        "magnitude 1e-3 come out 5 % small"
+    ),
     "same_rank_single_index": (
         "x[index] with an index of x's rank lowers to take_along_axis, an element-wise gather, "
         "instead of whole slices; the rule keeps it on the CPU"

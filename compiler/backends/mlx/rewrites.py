@@ -329,6 +329,27 @@ def clamp_input_cast_to_result(program: ExportedProgram) -> int:
     return _finished(program, changed, "clamps given their input in the result's dtype")
 
 
+def rms_norm_epsilon_made_explicit(program: ExportedProgram) -> int:
+    """torch's `rms_norm(..., eps=None)` adds `torch.finfo(x.dtype).eps` (1.19e-7 for float32);
+    stock 1.5.1's MLX rms_norm handler adds 1e-5 instead, which moves every row whose mean square
+    is small (rows of magnitude 1e-3 come out 5 % small, silently). Each such call is given
+    torch's epsilon explicitly. Returns how many calls changed."""
+    if not fixes.on("rms_norm_epsilon_made_explicit"):
+        return 0
+    changed = 0
+    for node in program.graph_module.graph.nodes:
+        if node.op != "call_function" or op_name(node.target) != "aten.rms_norm.default":
+            continue
+        source = _tensor(node.args[0])
+        if source is None or argument(node, "eps", None) is not None or not source.is_floating_point():
+            continue
+        weight = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
+        node.args = (node.args[0], node.args[1], weight, torch.finfo(source.dtype).eps)
+        node.kwargs = {}
+        changed += 1
+    return _finished(program, changed, "rms_norm calls given torch's default epsilon")
+
+
 def _assertions_alone_read(node: torch.fx.Node) -> set[torch.fx.Node] | None:
     """What reads tensor `node`, when that is only assertions about it (through its sizes and
     comparisons of them, nothing else); else None."""
@@ -493,5 +514,6 @@ REWRITES: tuple[Callable[[ExportedProgram], int], ...] = (
     nearest_scales_torch_ignores_dropped,
     no_value_arguments_dropped,
     clamp_input_cast_to_result,
+    rms_norm_epsilon_made_explicit,
     quantized_weights_mlx_cannot_hold_dequantized,
 )

@@ -68,6 +68,7 @@ class Campaign:
     cases: list[Case] = attrs.Factory(list)
     shrunk: list[Case] = attrs.Factory(list)
     quantize: bool = False
+    check_nodes: bool = False
 
     @property
     def failures(self) -> list[Case]:
@@ -83,7 +84,8 @@ class Campaign:
         if any(c.stock for c in self.cases):
             rows.append(("stock", collections.Counter(c.stock.kind for c in self.cases if c.stock)))
         invalid = sum(1 for c in self.cases if c.stock is not None and c.stock.kind == oracle.INVALID)
-        columns = _COLUMNS + ((oracle.TOLERANCE,) if self.quantize else ())
+        columns = (_COLUMNS + ((oracle.NODES,) if self.check_nodes else ())
+                   + ((oracle.TOLERANCE,) if self.quantize else ()))
         what = "quantized programs" if self.quantize else "programs"
         lines = [
             f"| {self.backend} ({len(self.cases)} {what}, seed {self.seed}) | " + " | ".join(columns) + " |",
@@ -228,8 +230,9 @@ def fuzz(
     shrink: bool = True,
     progress: Callable[[Case], None] | None = None,
     quantize: bool = False,
+    check_nodes: bool = False,
 ) -> Campaign:
-    campaign = Campaign(backend, campaign_seed, quantize=quantize)
+    campaign = Campaign(backend, campaign_seed, quantize=quantize, check_nodes=check_nodes)
     drawn = quantized_programs(backend) if quantize else programs()
     seen: set[str] = set()
     attempt = 0
@@ -240,7 +243,7 @@ def fuzz(
         def failed(program: Program) -> bool:
             """Judge `program`; True while it fails the way being shrunk (or a new way)."""
             want = oracle.eager_outputs(program)
-            ours = oracle.ours(program, backend, want)
+            ours = oracle.ours(program, backend, want, check_nodes)
             if target:
                 if ours.kind in oracle.FAILURES and signature(ours) == target[0]:
                     last_failing[:] = [Case(-1, program, ours, None)]

@@ -39,8 +39,11 @@ OK, COMPILED, NAMED, WRAPPED, RAW, WRONG, INVALID = (
 # no more than quantizing moved each output from the float model's: a question for the
 # tolerance, not (yet) a wrong program.
 TOLERANCE = "tolerance only"
+# Outputs right, but a node over its own tolerance (`compiler.check_nodes`): a fault the
+# outputs hide, or a false alarm of the node check; either is a finding.
+NODES = "node over tolerance"
 # Outcomes that are bugs of ours (stock's failures are only recorded).
-FAILURES = (WRAPPED, RAW, WRONG)
+FAILURES = (WRAPPED, RAW, WRONG, NODES)
 
 
 @attrs.frozen
@@ -186,7 +189,26 @@ def _calibration(program: Program | Reproducer, inputs: tuple) -> list[tuple]:
     return [inputs, *program.calibration()]
 
 
-def ours(program: Program | Reproducer, backend: str, want) -> Outcome:
+def ours(program: Program | Reproducer, backend: str, want, check_nodes: bool = False) -> Outcome:
+    """Ours on the program, judged against eager; with `check_nodes`, a program whose outputs
+    pass has every node checked too (`compiler.check_nodes`)."""
+    outcome, artifact, model, inputs = _ours(program, backend, want)
+    if not (check_nodes and outcome.kind == OK):
+        return outcome
+    with _quiet():
+        try:
+            found = compiler.check_nodes(artifact, model, inputs)
+        except Exception as error:  # the node check must judge every program that compiled
+            return Outcome(RAW, f"check_nodes: {_first_line(error)}")
+    if found.passed:
+        return outcome
+    first = found.first[0] if found.first else None
+    detail = found.refused or (f"{first.node} ({first.op}): own error {first.output_error:.3g} over "
+                               f"{first.tolerance:.3g}" if first else "")
+    return Outcome(NODES, detail)
+
+
+def _ours(program: Program | Reproducer, backend: str, want) -> tuple[Outcome, object, object, tuple]:
     model, inputs = program.build()
     quantization = program.quantization
     options = {}
@@ -196,14 +218,16 @@ def ours(program: Program | Reproducer, backend: str, want) -> Outcome:
         try:
             artifact = compiler.compile(model, inputs, backend, backend_options=backend_options(backend), **options)
         except StageFailure as error:
-            return Outcome(WRAPPED, _first_line(error.__cause__ or error))
+            return Outcome(WRAPPED, _first_line(error.__cause__ or error)), None, model, inputs
         except CompileError as error:
-            return Outcome(NAMED, _first_line(error))
+            return Outcome(NAMED, _first_line(error)), None, model, inputs
         except Exception as error:
-            return Outcome(RAW, _first_line(error))
+            return Outcome(RAW, _first_line(error)), None, model, inputs
         if quantization:
-            return _judge_quantized(program, inputs, lambda: artifact, artifact.stages.quantize.module, want)
-        return _judge(program, inputs, lambda: artifact, want)
+            judged = _judge_quantized(program, inputs, lambda: artifact, artifact.stages.quantize.module, want)
+        else:
+            judged = _judge(program, inputs, lambda: artifact, want)
+        return judged, artifact, model, inputs
 
 
 def stock_partitioners(backend: str) -> list:

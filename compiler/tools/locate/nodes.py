@@ -51,11 +51,23 @@ def provenance(node: torch.fx.Node) -> list[str]:
     return names
 
 
-def _same_kind(one: torch.fx.Node, other: torch.fx.Node) -> bool:
+def same_kind(one: torch.fx.Node, other: torch.fx.Node) -> bool:
+    """The same dtype and shape; a data-dependent size is the same only as the same symbol
+    (comparing two symbols' values would guard on data the program does not have here)."""
     a, b = one.meta.get("val"), other.meta.get("val")
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return False
-    return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+    return a.dtype == b.dtype and len(a.shape) == len(b.shape) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else str(x) == str(y) for x, y in zip(a.shape, b.shape)
+    )
+
+
+def _same_item(one: torch.fx.Node, other: torch.fx.Node) -> bool:
+    """Two nodes of one name are one value unless they pick items of different ops' results, or
+    different items (getitem nodes are named by count, whatever op they read)."""
+    if one.target is not operator.getitem and other.target is not operator.getitem:
+        return True
+    return one.target is other.target and one.args[1:] == other.args[1:] and one.args[0].name == other.args[0].name
 
 
 def match(good: ExportedProgram, bad: ExportedProgram) -> dict[str, str]:
@@ -68,15 +80,15 @@ def match(good: ExportedProgram, bad: ExportedProgram) -> dict[str, str]:
         if node.op == "output":
             continue
         same = known.get(node.name)
-        if same is not None and (_same_kind(node, same) or node.op == "placeholder"):
+        if same is not None and (same_kind(node, same) and _same_item(node, same) or node.op == "placeholder"):
             exact[node.name] = same.name
             continue
         handle = node.meta.get("debug_handle")
-        if isinstance(handle, int) and handle in handles and _same_kind(node, handles[handle]):
+        if isinstance(handle, int) and handle in handles and same_kind(node, handles[handle]):
             derived.setdefault(handles[handle].name, []).append(node.name)
             continue
         for name in provenance(node):
-            if name in known and _same_kind(node, known[name]):
+            if name in known and same_kind(node, known[name]):
                 derived.setdefault(name, []).append(node.name)
                 break
     matched = dict(exact)

@@ -205,7 +205,8 @@ class DelegateRunner:
         if key not in self._loaded:
             self._loaded[key] = (lowered, self._load(lowered))
         loaded = self._loaded[key][1]
-        outputs = loaded([a for a in args if a is not None])
+        # A weight the delegate reads but did not take is a Parameter, which the runtime refuses.
+        outputs = loaded([a.detach() if isinstance(a, torch.nn.Parameter) else a for a in args if a is not None])
         self.computes_in.append(loaded.computes_in)
         self.float16 = self.float16 or loaded.computes_in_float16
         return tuple(outputs)

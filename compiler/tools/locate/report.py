@@ -70,6 +70,26 @@ class Divergence:
     # where torch gives (1, 4, 4)", "the payload cannot run: <the runner's reason>" (the error is inf).
     reason: str | None = None
 
+    def lines(self, heading: str = "node", indent: str = "") -> list[str]:
+        """The node, its error against the reference, its inputs' errors, where it came from."""
+        inside = f", inside delegate {self.delegate}" if self.delegate else ""
+        lines = [f"{indent}{heading}: {self.node} ({self.op}){inside}"]
+        if self.reason:
+            lines.append(f"  output: {self.reason}" + (f" ({self.reference})" if self.reference else ""))
+        else:
+            lines.append(f"  output error {self.output_error:.3g} over the tolerance {self.tolerance:.3g} ({self.reference})")
+        if self.input_errors:
+            given = ", ".join(f"{n} {'?' if e is None else f'{e:.3g}'}" for n, e in self.input_errors)
+            lines.append(f"  input errors: {given}")
+        if self.source:
+            lines.append(f"  source: {self.source}")
+        if self.module:
+            lines.append(f"  module: {self.module}")
+        lines.append(f"  found by: {self.found_by}")
+        if self.payload_op:
+            lines.append(f"  payload op: {self.payload_op}")
+        return [lines[0]] + [indent + line for line in lines[1:]]
+
 
 @attrs.frozen
 class Location:
@@ -95,24 +115,8 @@ class Location:
         if self.stage is None:
             return f"locate: every stage's outputs agree with eager ({self.seconds:.1f} s)"
         lines = [f"locate: the outputs first diverge from eager at stage {self.stage!r} ({self.seconds:.1f} s)"]
-        d = self.divergence
-        if d is not None:
-            inside = f", inside delegate {d.delegate}" if d.delegate else ""
-            lines.append(f"first diverging node: {d.node} ({d.op}){inside}")
-            if d.reason:
-                lines.append(f"  output: {d.reason}" + (f" ({d.reference})" if d.reference else ""))
-            else:
-                lines.append(f"  output error {d.output_error:.3g} over the tolerance {d.tolerance:.3g} ({d.reference})")
-            if d.input_errors:
-                given = ", ".join(f"{n} {'?' if e is None else f'{e:.3g}'}" for n, e in d.input_errors)
-                lines.append(f"  input errors: {given}")
-            if d.source:
-                lines.append(f"  source: {d.source}")
-            if d.module:
-                lines.append(f"  module: {d.module}")
-            lines.append(f"  found by: {d.found_by}")
-            if d.payload_op:
-                lines.append(f"  payload op: {d.payload_op}")
+        if self.divergence is not None:
+            lines += self.divergence.lines(heading="first diverging node")
         if self.path:
             lines.append("path from the inputs:")
             lines += [f"  {step.text()}" for step in self.path]

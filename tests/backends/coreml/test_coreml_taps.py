@@ -5,6 +5,7 @@ in our payloads and in a stock-built `.pte`'s."""
 
 from __future__ import annotations
 
+import operator
 
 import torch
 
@@ -164,3 +165,27 @@ def test_a_stock_built_pte_shows_its_tanh_gelu_run_as_the_exact_gelu():
     assert error(values["aten_linear_default"], expected["aten_linear_default"]) <= 1e-5
     assert error(values["aten_gelu_default"], expected["aten_gelu_default"]) > 1e-4
     assert values.ops["aten_gelu_default"] == "gelu (mode EXACT)"
+
+
+class Chunked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.a(x).chunk(3, dim=-1)
+        return q * 2 + k * 3 + v * 4
+
+
+def test_each_item_of_a_split_has_its_own_value_not_the_first_items():
+    """The items of a multi-output op share its debug handle; their vars are `<op>_cast_fp16_<i>`."""
+    torch.manual_seed(0)
+    model, inputs = Chunked().eval(), (torch.randn(2, 8),)
+    result = compiler.compile(model, inputs, "coreml")
+    lowered, given = delegate_and_inputs(result, inputs)
+    expected = node_values(result.stages["split_constants"].program, inputs)
+    values = intermediate_values(lowered.processed_bytes, given, {}, program=lowered.original_module)
+    items = [n.name for n in lowered.original_module.graph.nodes if n.target is operator.getitem]
+    assert len(items) == 3
+    for name in items:
+        assert error(values[name], expected[name]) <= 1e-2 * expected[name].abs().max().item(), name
