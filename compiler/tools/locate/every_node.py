@@ -409,7 +409,7 @@ class _Judge:
                 reference = f"eager's {nodes.op_name(twin)} ({twin.name}) on the compiled program's inputs to it"
             else:
                 side, local = self.own_side, node
-                reference = f"its own op run by torch on the compiled program's inputs to it"
+                reference = "its own op run by torch on the compiled program's inputs to it"
             want = side.evaluate(local)
             inputs = [side.value(n) for n in local.all_input_nodes]
         except Exception as exc:  # an op torch cannot run on its own (a payload-only op): not judged
