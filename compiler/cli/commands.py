@@ -94,6 +94,11 @@ def add_parsers(commands, talk: argparse.ArgumentParser) -> None:
         help="check every node of each program whose outputs pass against eager's op on the same inputs "
         "(compiler.check_nodes); a node over its own tolerance is a finding",
     )
+    fuzz_cmd.add_argument(
+        "--model-sizes", action="store_true",
+        help="draw widths and sequence lengths up to a 1B model's (hidden 2048, 512 tokens) instead of a few "
+        "elements: sums over long rows, normalizations, attention and matrix products at the sizes models have",
+    )
 
 
 def _run(args: argparse.Namespace, terminal: Terminal) -> int:
@@ -187,7 +192,7 @@ def _sweep(args: argparse.Namespace, terminal: Terminal) -> int:
 
 
 def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
-    from compiler.tools.fuzz import campaign, oracle
+    from compiler.tools.fuzz import campaign, oracle, programs
 
     if args.replay:
         return 1 if oracle.replay(args.replay, args.backend).kind in oracle.FAILURES else 0
@@ -200,7 +205,7 @@ def _fuzz(args: argparse.Namespace, terminal: Terminal) -> int:
     found = campaign.fuzz(
         args.backend or flags.DEFAULT_BACKEND, args.examples, args.seed, out_dir=args.out_dir,
         with_stock=not args.no_stock, shrink=not args.no_shrink, progress=progress, quantize=args.quantize,
-        check_nodes=args.check_nodes,
+        check_nodes=args.check_nodes, sizes=programs.MODEL if args.model_sizes else programs.SMALL,
     )
     terminal.say(f"\n{found.table()}\n\n{found.details()}")
     for case in found.failures + found.shrunk:

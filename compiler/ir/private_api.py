@@ -636,31 +636,56 @@ _DIM_ORDER_USERS = (
 )
 
 
-def _larger_stride(a: Any, b: Any) -> bool:
-    """Whether stride `a` orders before `b` (is larger), proven symbolically: known greater, or a
-    multiple of `b` and not known equal (`16*u0` before `16`: for u0 of 0 or 1 the tensor is empty
-    or the two dims tie, where either order is the layout)."""
-    from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
-
-    if guard_or_false(a > b):
-        return True
-    return bool(guard_or_false(a % b == 0) and guard_or_true(a != b))
+def _row_major(stride: Sequence[Any]) -> tuple[int, ...]:
+    return tuple(range(len(stride)))
 
 
-def _dim_order_of(stride: Sequence[Any]) -> tuple[int, ...]:
-    def compare(x: tuple[int, Any], y: tuple[int, Any]) -> int:
-        return -1 if _larger_stride(x[1], y[1]) else 1 if _larger_stride(y[1], x[1]) else 0
+_nonzero_users = [0, None]  # blocks inside `nonzero_laid_out_by_row`, and torch's own fake nonzero
 
-    return tuple(index for index, _ in sorted(enumerate(stride), key=functools.cmp_to_key(compare)))
+
+@contextlib.contextmanager
+def nonzero_laid_out_by_row() -> Iterator[None]:
+    """While the block runs, torch's fake `nonzero` gives its result row-major strides. torch
+    lays `nonzero`'s (count, ndim) result out by column (strides (1, count)), eager and fake
+    alike, and ExecuTorch takes a tensor's dim order from its strides, but the runtime's kernel
+    writes the result by row: a reader that honours dim orders then read it transposed
+    (`nonzero(mask).contiguous()` off by 10 where the mask is 2-D, silently), a squeeze refused
+    it (error 0x12), and `nonzero(mask).float()` failed in to_edge ("Failed to map a given
+    dim_order: [1, 0]"). The values are torch's either way; only their layout is the runtime's."""
+    import torch
+    from torch._subclasses import fake_impls
+
+    key = torch.ops.aten.nonzero.default
+    with _PATCH_LOCK:
+        if _nonzero_users[0] == 0:
+            original = fake_impls.op_implementations_dict[key]
+
+            def by_row(fake_mode: Any, func: Any, arg: Any) -> Any:
+                result = original(fake_mode, func, arg)
+                return arg.new_empty_strided(tuple(result.shape), (max(arg.dim(), 1), 1), dtype=result.dtype)
+
+            _nonzero_users[1] = original
+            fake_impls.op_implementations_dict[key] = by_row
+        _nonzero_users[0] += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _nonzero_users[0] -= 1
+            if _nonzero_users[0] == 0:
+                fake_impls.op_implementations_dict[key] = _nonzero_users[1]
 
 
 @contextlib.contextmanager
 def data_dependent_strides_ordered() -> Iterator[None]:
-    """While the block runs, ExecuTorch's `exir.tensor.dim_order_from_stride` orders strides that
-    hold a data-dependent size: stock proves `16 < 16*u0` by divisibility but not `16*u0 < 16`'s
-    falsehood, and raises `GuardOnDataDependentSymNode` for any program with a tensor of shape
-    (1, u0, 16) (a gather by `nonzero`), at emit, on every backend. Stock's answer stands wherever
-    it gives one."""
+    """While the block runs, ExecuTorch's `exir.tensor.dim_order_from_stride` gives strides it
+    cannot order, for holding a data-dependent size, the row-major dim order: stock proves
+    `16 < 16*u0` by divisibility but not `16*u0 < 16`'s falsehood, and raises
+    `GuardOnDataDependentSymNode` for any program with a tensor of shape (1, u0, 16) (a gather by
+    `nonzero`), at emit, on every backend. Row-major is how the runtime's kernels write such a
+    tensor: an Edge program's views are copies, and `nonzero`, which torch lays out by column
+    (strides (1, u0)), is written by row, so ordering torch's strides would give the kernel that
+    reads it (a squeeze) two dim orders it refuses. Stock's answer stands wherever it gives one."""
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     def wrap(original: Callable) -> Callable:
@@ -668,7 +693,7 @@ def data_dependent_strides_ordered() -> Iterator[None]:
             try:
                 return original(stride)
             except GuardOnDataDependentSymNode:
-                return _dim_order_of(stride)
+                return _row_major(stride)
 
         return dim_order_from_stride
 

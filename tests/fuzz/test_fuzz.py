@@ -2,13 +2,14 @@
 backend, and every shrunk program a campaign found, kept as a regression test."""
 
 import glob
+import math
 import os
 
 import pytest
 import torch
 
 from compiler.tools.fuzz import campaign, oracle
-from compiler.tools.fuzz.programs import Program, Reproducer, Value, programs
+from compiler.tools.fuzz.programs import MODEL, MODEL_WIDTHS, Program, Reproducer, Value, programs
 
 CASES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "cases", "*.py")))
 # A campaign per backend: small and fixed (the seed replays it exactly). The default run
@@ -38,7 +39,29 @@ def test_what_fuzzing_found_stays_fixed(path):
     assert outcome.kind == oracle.OK, f"{outcome.kind}: {outcome.detail}"  # compiled, ran and matched eager
 
 
-def _draw(count: int, seed: int = 3) -> list[Program]:
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_a_campaign_at_model_sizes_has_no_wrong_result_and_no_node_over_its_tolerance(backend, tmp_path):
+    """Widths to 2048 and 512 tokens: the tolerances that hold at a few elements hold at a model's
+    sizes (sums over long float16 rows included), the outputs' and every node's."""
+    run = campaign.fuzz(backend, 12, campaign_seed=5, out_dir=str(tmp_path), with_stock=False, check_nodes=True,
+                        sizes=MODEL)
+    assert not run.failures, f"{run.table()}\n{run.details()}"
+
+
+def test_model_sizes_draw_a_models_activation_and_keep_every_value_within_the_bound():
+    drawn = _draw(30, sizes=MODEL)
+    widest = 0
+    for program in drawn:
+        model, inputs = program.build()
+        assert inputs[0].dim() == 3 and inputs[0].shape[-1] in MODEL_WIDTHS  # (batch, tokens, hidden)
+        assert all(0 < v.numel() <= MODEL.max_elements for v in inputs)
+        assert all(math.prod(v.shape) <= MODEL.max_elements for v in program.outputs if not v.data_dependent)
+        widest = max(widest, inputs[0].shape[-1])
+    assert widest == 2048
+
+
+def _draw(count: int, seed: int = 3, sizes=None) -> list[Program]:
     drawn: list[Program] = []
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as with_seed
@@ -46,7 +69,7 @@ def _draw(count: int, seed: int = 3) -> list[Program]:
     @with_seed(seed)
     @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(programs())
+    @given(programs() if sizes is None else programs(sizes=sizes))
     def collect(program):
         drawn.append(program)
 
@@ -100,7 +123,7 @@ def test_a_campaign_counts_every_program_once_shrinks_a_failure_and_writes_repro
     counts each drawn program once, shrinks the first such failure to a small program
     still using softmax, and writes standalone reproducers that replay it."""
 
-    def fake_ours(program, backend, want):
+    def fake_ours(program, backend, want, check_nodes=False):
         if any("softmax" in line for line in program.source().splitlines()):
             return oracle.Outcome(oracle.WRONG, "call 0 output 0: max abs error 1")
         return oracle.Outcome(oracle.OK)

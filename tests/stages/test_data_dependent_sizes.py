@@ -46,3 +46,47 @@ def test_stock_raises_at_emit_on_the_data_dependent_stride():
     exported = torch.export.export(TextTokens().eval(), (torch.randn(1, 8, 16), IDS))
     with pytest.raises(GuardOnDataDependentSymNode, match=r"16\*u\d+ < 16"):
         to_edge_transform_and_lower(exported).to_executorch()
+
+
+class SqueezedPositions(torch.nn.Module):
+    """`nonzero`'s result squeezed: torch lays it out by column (strides (1, u0)), the runtime's
+    kernel writes it by row, and the squeeze's kernel refuses two dim orders (error 0x12)."""
+
+    def forward(self, embeds, keep):
+        where = torch.nonzero(keep).squeeze(-1)
+        return embeds.index_select(1, where).sum()
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", pytest.param("coreml", marks=slow),
+                                     pytest.param("mlx", marks=slow)])
+def test_nonzeros_result_squeezed_runs_right(backend):
+    model = SqueezedPositions().eval()
+    keep = torch.tensor([True, False, True, True, False, True])
+    result = compiler.compile(model, (torch.randn(1, 6, 8), keep), backend, cache=False)
+    for keep in (keep, torch.zeros(6, dtype=torch.bool), torch.ones(6, dtype=torch.bool)):
+        inputs = (torch.randn(1, 6, 8), keep)
+        check = compiler.compare_with_eager(result, model, inputs)
+        assert check.passed, (keep, check.describe())
+
+
+class PositionsOf2DMask(torch.nn.Module):
+    """`nonzero` of a 2-D mask read three ways: by column, as floats, made contiguous. torch lays
+    the (count, 2) result out by column; the runtime writes it by row. Stock's dim order from
+    torch's strides: `.contiguous()` read it transposed (off by 10, silently), `.float()` failed in
+    to_edge ("Failed to map a given dim_order: [1, 0]"). And MLX's take refuses an empty array: a
+    column of an all-False mask's positions threw there."""
+
+    def forward(self, mask):
+        positions = torch.nonzero(mask)
+        return positions[:, 1] * 10 + positions[:, 0], positions.float() * 1.5, positions.contiguous() + 1
+
+
+@pytest.mark.parametrize("backend", ["portable", "mlx", pytest.param("xnnpack", marks=slow),
+                                     pytest.param("coreml", marks=slow)])
+def test_nonzero_of_a_2d_mask_runs_right_read_any_way(backend):
+    model = PositionsOf2DMask().eval()
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    result = compiler.compile(model, (mask,), backend, cache=False)
+    for mask in (mask, torch.zeros(2, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)):
+        check = compiler.compare_with_eager(result, model, (mask,))
+        assert check.passed, (mask, check.describe())

@@ -350,6 +350,35 @@ def rms_norm_epsilon_made_explicit(program: ExportedProgram) -> int:
     return _finished(program, changed, "rms_norm calls given torch's default epsilon")
 
 
+def selects_from_data_dependent_sizes_sliced(program: ExportedProgram) -> int:
+    """Stock 1.5.1's MLX select handler emits a take, and MLX refuses a take from an array with no
+    elements ("[take] Cannot do a non-empty take from an array with zero elements"): a column of
+    `nonzero(mask)` threw where the mask was all False. A select from a tensor whose size depends
+    on the data becomes a slice of one position and a squeeze, which MLX computes on an empty
+    array too. Returns how many calls changed."""
+    graph = program.graph_module.graph
+    changed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or op_name(node.target) != "aten.select_copy.int":
+            continue
+        source, index = _tensor(node.args[0]), node.args[2]
+        if source is None or _static(source.shape) or not isinstance(index, int):
+            continue
+        dim = node.args[1] % source.dim()
+        if index < 0:
+            if not isinstance(source.shape[dim], int):
+                continue
+            index += source.shape[dim]
+        with graph.inserting_before(node):
+            sliced = _edge_call(graph, "slice_copy.Tensor", (node.args[0], dim, index, index + 1),
+                                source.narrow(dim, index, 1).clone())
+            squeezed = _edge_call(graph, "squeeze_copy.dims", (sliced, [dim]), _tensor(node))
+        _replace(program, node, squeezed)
+        graph.erase_node(node)
+        changed += 1
+    return _finished(program, changed, "selects from data-dependent sizes made slices")
+
+
 def _assertions_alone_read(node: torch.fx.Node) -> set[torch.fx.Node] | None:
     """What reads tensor `node`, when that is only assertions about it (through its sizes and
     comparisons of them, nothing else); else None."""
@@ -515,5 +544,6 @@ REWRITES: tuple[Callable[[ExportedProgram], int], ...] = (
     no_value_arguments_dropped,
     clamp_input_cast_to_result,
     rms_norm_epsilon_made_explicit,
+    selects_from_data_dependent_sizes_sliced,
     quantized_weights_mlx_cannot_hold_dequantized,
 )

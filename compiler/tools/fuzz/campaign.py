@@ -32,7 +32,7 @@ from hypothesis.errors import FlakyFailure
 from compiler.stages import schemes
 from compiler.tools.fuzz import oracle, place
 from compiler.tools.fuzz.oracle import Outcome
-from compiler.tools.fuzz.programs import Program, programs, quantized_programs
+from compiler.tools.fuzz.programs import SMALL, Program, Sizes, programs, quantized_programs
 
 _COLUMNS = (oracle.OK, oracle.COMPILED, oracle.NAMED, oracle.WRAPPED, oracle.RAW, oracle.WRONG)
 
@@ -69,6 +69,7 @@ class Campaign:
     shrunk: list[Case] = attrs.Factory(list)
     quantize: bool = False
     check_nodes: bool = False
+    sizes: Sizes = SMALL
 
     @property
     def failures(self) -> list[Case]:
@@ -86,7 +87,7 @@ class Campaign:
         invalid = sum(1 for c in self.cases if c.stock is not None and c.stock.kind == oracle.INVALID)
         columns = (_COLUMNS + ((oracle.NODES,) if self.check_nodes else ())
                    + ((oracle.TOLERANCE,) if self.quantize else ()))
-        what = "quantized programs" if self.quantize else "programs"
+        what = ("quantized programs" if self.quantize else "programs") + (" at model sizes" if self.sizes.fitted else "")
         lines = [
             f"| {self.backend} ({len(self.cases)} {what}, seed {self.seed}) | " + " | ".join(columns) + " |",
             "|---" * (len(columns) + 1) + "|",
@@ -231,9 +232,14 @@ def fuzz(
     progress: Callable[[Case], None] | None = None,
     quantize: bool = False,
     check_nodes: bool = False,
+    sizes: Sizes = SMALL,
 ) -> Campaign:
-    campaign = Campaign(backend, campaign_seed, quantize=quantize, check_nodes=check_nodes)
-    drawn = quantized_programs(backend) if quantize else programs()
+    if quantize and sizes.fitted:
+        from compiler.ir.errors import UserInputError
+
+        raise UserInputError("the quantize axis draws at small sizes only", hint="drop --model-sizes or --quantize")
+    campaign = Campaign(backend, campaign_seed, quantize=quantize, check_nodes=check_nodes, sizes=sizes)
+    drawn = quantized_programs(backend) if quantize else programs(sizes=sizes)
     seen: set[str] = set()
     attempt = 0
     while len(campaign.cases) < examples:
@@ -243,7 +249,7 @@ def fuzz(
         def failed(program: Program) -> bool:
             """Judge `program`; True while it fails the way being shrunk (or a new way)."""
             want = oracle.eager_outputs(program)
-            ours = oracle.ours(program, backend, want, check_nodes)
+            ours = oracle.ours(program, backend, want, check_nodes=check_nodes)
             if target:
                 if ours.kind in oracle.FAILURES and signature(ours) == target[0]:
                     last_failing[:] = [Case(-1, program, ours, None)]

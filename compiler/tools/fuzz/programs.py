@@ -37,8 +37,25 @@ EXACT_ENOUGH = 2e-5
 # Every float value of a quantized program is this noisy: a quantizer may round any float op's
 # activations (static schemes), so a compiled program may land a step away from eager's.
 QUANTIZED_NOISE = 1e-2
-MAX_ELEMENTS = 512
-_DIMS = (2, 3, 1, 4, 5, 8)
+@attrs.frozen
+class Sizes:
+    """How large a program's tensors are drawn: each size from `dims`, no value larger than
+    `max_elements`; `fitted`: an input's sizes drawn within that bound too (at model sizes, where
+    four drawn sizes would overshoot it by far), and only `steps` drawn, those whose numbers
+    depend on the sizes (sums over long rows, normalizations, attention, matrix products), not
+    those that write positions out in the source (masks, index lists)."""
+
+    dims: tuple[int, ...]
+    max_elements: int
+    fitted: bool = False
+    max_weight_elements: int = 0  # a conv's weights (0: no bound)
+
+
+SMALL = Sizes((2, 3, 1, 4, 5, 8), 512)
+# A 1B language model's widths and sequence lengths: hidden 2048, 512 tokens.
+MODEL_TOKENS = (1, 8, 64, 256, 512)
+MODEL_WIDTHS = (64, 256, 512, 1024, 2048)
+MODEL = Sizes((1, 2, 3, 8, 64, 256, 512, 1024, 2048), 512 * 2048, fitted=True, max_weight_elements=2048 * 2048)
 _INT_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.int32: (-(2**31), 2**31 - 1)}
 
 
@@ -194,9 +211,10 @@ def tolerance(value: Value) -> float:
 class _Builder:
     """Draws one program step by step, running each line as it goes."""
 
-    def __init__(self, draw: Callable, quantization: Quantization | None = None) -> None:
+    def __init__(self, draw: Callable, quantization: Quantization | None = None, sizes: Sizes = SMALL) -> None:
         self.draw = draw
         self.quantization = quantization
+        self.sizes = sizes
         self.layers: dict[str, Value] = {}  # step name -> the last output of a layer a scheme quantizes
         self.values: list[Value] = []
         self.inputs: list[str] = []
@@ -219,7 +237,13 @@ class _Builder:
 
     def shape(self, min_rank: int = 1, max_rank: int = 4) -> tuple[int, ...]:
         rank = self.integer(min_rank, max_rank)
-        return tuple(self.choice(_DIMS) for _ in range(rank))
+        if not self.sizes.fitted:
+            return tuple(self.choice(self.sizes.dims) for _ in range(rank))
+        budget, drawn = self.sizes.max_elements, []
+        for _ in range(rank):
+            drawn.append(self.choice([d for d in self.sizes.dims if d <= budget]))
+            budget //= drawn[-1]
+        return tuple(drawn)
 
     def pick(self, accept: Callable[[Value], bool] = lambda v: True, *, data_dependent: bool = False):
         candidates = [v for v in self.values if accept(v) and (data_dependent or not v.data_dependent)]
@@ -262,7 +286,7 @@ class _Builder:
                 exec(line, self.namespace)
         names = [result] if isinstance(result, str) else result
         tensors = [self.namespace[n] for n in names]
-        if any(not 0 < t.numel() <= MAX_ELEMENTS for t in tensors) and not data_dependent:
+        if any(not 0 < t.numel() <= self.sizes.max_elements for t in tensors) and not data_dependent:
             return False
         if self.quantization and any(t.is_floating_point() for t in tensors):
             noise = max(noise, QUANTIZED_NOISE)
@@ -319,7 +343,8 @@ def _broadcast_partner(b: _Builder, x: Value, accept: Callable[[Value], bool]) -
     """Something to combine with `x`: a value that broadcasts with it, a new constant, or a number."""
     kind = b.choice(("value", "scalar", "constant"))
     if kind == "value":
-        y = b.pick(lambda v: accept(v) and math.prod(_broadcast(x.shape, v.shape) or (MAX_ELEMENTS + 1,)) <= MAX_ELEMENTS)
+        y = b.pick(lambda v: accept(v) and math.prod(_broadcast(x.shape, v.shape) or (b.sizes.max_elements + 1,))
+                   <= b.sizes.max_elements)
         if y is not None:
             return y.name, y
     if kind == "constant" and x.rank:
@@ -413,6 +438,23 @@ def _factorizations(n: int, rank: int) -> list[tuple[int, ...]]:
     return [(d,) + rest for d in range(1, n + 1) if n % d == 0 for rest in _factorizations(n // d, rank - 1)]
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _factorization(b: _Builder, n: int, rank: int) -> tuple[int, ...]:
+    """One way to write `n` as a product of `rank` sizes: all of them listed for small sizes, one
+    drawn divisor by divisor at model sizes (a million has too many to list)."""
+    if not b.sizes.fitted:
+        return b.choice(_factorizations(n, rank))
+    drawn = []
+    for _ in range(rank - 1):
+        drawn.append(b.choice(_divisors(n)))
+        n //= drawn[-1]
+    return tuple(drawn) + (n,)
+
+
 def view(b: _Builder) -> bool:
     x = b.pick(lambda v: v.numel > 0)
     if x is None:
@@ -425,7 +467,7 @@ def view(b: _Builder) -> bool:
         kinds += ["squeeze", "expand"]
     kind = b.choice(kinds)
     if kind == "reshape":
-        shape = b.choice(_factorizations(x.numel, b.integer(1, 4)))
+        shape = _factorization(b, x.numel, b.integer(1, 4))
         method = "view" if t.is_contiguous() and b.coin() else "reshape"
         if b.coin() and len(shape) > 1:
             shape = (-1,) + shape[1:]
@@ -443,7 +485,7 @@ def view(b: _Builder) -> bool:
         return b.assign(f"{x.name}.mT")
     if kind == "unflatten":
         dim = b.integer(0, x.rank - 1)
-        return b.assign(f"{x.name}.unflatten({dim}, {b.choice(_factorizations(x.shape[dim], 2))})")
+        return b.assign(f"{x.name}.unflatten({dim}, {_factorization(b, x.shape[dim], 2)})")
     ones = [i for i, d in enumerate(x.shape) if d == 1]
     if kind == "squeeze":
         return b.assign(f"{x.name}.squeeze({b.choice(ones)})")
@@ -484,7 +526,7 @@ def slicing(b: _Builder, x: Value, dim: int) -> bool:
 
 
 def join(b: _Builder) -> bool:
-    x = b.pick(lambda v: v.rank >= 1 and 0 < v.numel <= MAX_ELEMENTS // 2)
+    x = b.pick(lambda v: v.rank >= 1 and 0 < v.numel <= b.sizes.max_elements // 2)
     if x is None:
         return False
     dim = b.integer(-x.rank, x.rank - 1)
@@ -492,7 +534,7 @@ def join(b: _Builder) -> bool:
     partners = [v for v in b.values if v.rank == x.rank and not v.data_dependent
                 and all(a == c for i, (a, c) in enumerate(zip(v.shape, x.shape)) if i != along)]
     y = b.choice(partners)
-    if y.numel + x.numel > MAX_ELEMENTS:
+    if y.numel + x.numel > b.sizes.max_elements:
         y = x
     noise = max(x.noise, y.noise)
     if y.shape == x.shape and b.coin():
@@ -559,7 +601,7 @@ def select_where(b: _Builder) -> bool:
         return False
     def broadcasts(v: Value) -> bool:
         shape = _broadcast(mask.shape, v.shape)
-        return shape is not None and math.prod(shape) <= MAX_ELEMENTS and v.dtype != torch.bool
+        return shape is not None and math.prod(shape) <= b.sizes.max_elements and v.dtype != torch.bool
 
     x = b.pick(broadcasts)
     if x is None:
@@ -599,7 +641,7 @@ def linear(b: _Builder) -> bool:
     x = b.pick(lambda v: v.is_float and v.rank >= 1 and v.shape[-1] > 0)
     if x is None:
         return False
-    k, n = x.shape[-1], b.choice(_DIMS)
+    k, n = x.shape[-1], b.choice(b.sizes.dims)
     kind = b.choice(("parameter", "slice", "transposed", "shared", "matmul"))
     noise = _noise(x, ops=2 * k)
     if kind == "matmul":
@@ -637,10 +679,12 @@ def conv(b: _Builder) -> bool:
         kernel = 1
     stride = b.integer(1, 2)
     depthwise = b.coin()
-    out = channels * b.integer(1, 2) if depthwise else b.choice(_DIMS)
+    out = channels * b.integer(1, 2) if depthwise else b.choice(b.sizes.dims)
     groups = channels if depthwise else 1
     conv_fn = "F.conv2d" if x.rank == 4 else "F.conv1d"
     shape = (out, channels // groups) + (kernel,) * len(spatial)
+    if b.sizes.max_weight_elements and math.prod(shape) > b.sizes.max_weight_elements:
+        return False
     w = b.attribute("parameter", f"torch.randn({_dims(shape)}, dtype={x.dtype})", "p")
     bias = b.attribute("parameter", f"torch.randn({out}, dtype={x.dtype})", "p") if b.coin() else "None"
     name = b.fresh()
@@ -688,7 +732,8 @@ def attention(b: _Builder) -> bool:
     length, width = x.shape[-2], x.shape[-1]
     same = [v for v in b.values if v.shape == x.shape and v.dtype == x.dtype and not v.data_dependent]
     k, v = b.choice(same), b.choice(same)
-    mask = b.choice(("none", "causal", "bool", "float"))
+    # A boolean mask is written out in the source, one element at a time: not at model sizes.
+    mask = b.choice(("none", "causal", "float") if b.sizes.fitted else ("none", "causal", "bool", "float"))
     extra = ""
     if mask == "causal":
         extra = ", is_causal=True"
@@ -864,11 +909,11 @@ def _in_features(b: _Builder, width: int) -> int:
 def quantized_linear(b: _Builder) -> bool:
     """An nn.Linear, the layer every scheme quantizes; its input zero-padded to whole groups."""
     x = b.pick(lambda v: v.dtype == torch.float32 and v.rank >= 1 and v.shape[-1] > 0
-               and v.numel // v.shape[-1] * _in_features(b, v.shape[-1]) <= MAX_ELEMENTS)
+               and v.numel // v.shape[-1] * _in_features(b, v.shape[-1]) <= b.sizes.max_elements)
     if x is None:
         return False
     width = _in_features(b, x.shape[-1])
-    layer = b.attribute("module", f"torch.nn.Linear({width}, {b.choice(_DIMS + (16, 32))}, bias={b.coin()})", "l")
+    layer = b.attribute("module", f"torch.nn.Linear({width}, {b.choice(b.sizes.dims + (16, 32))}, bias={b.coin()})", "l")
     padded = x.name if width == x.shape[-1] else f"F.pad({x.name}, (0, {width - x.shape[-1]}))"
     return b.layer(quantized_linear, f"{layer}({padded})")
 
@@ -876,7 +921,7 @@ def quantized_linear(b: _Builder) -> bool:
 def quantized_embedding(b: _Builder) -> bool:
     """An nn.Embedding (quantized with the embedding option), looked up by a computed or constant index."""
     rows, group = b.choice((4, 10, 16)), b.quantization.embedding_group_size
-    width = group * b.integer(1, 2) if group else b.choice(_DIMS)
+    width = group * b.integer(1, 2) if group else b.choice(b.sizes.dims)
     table = b.attribute("module", f"torch.nn.Embedding({rows}, {width})", "e")
     i = b.pick(lambda v: v.dtype in INTEGERS and v.rank <= 2 and v.numel <= 8)
     index = (f"{i.name}.long().clamp(0, {rows - 1})" if i is not None
@@ -888,26 +933,32 @@ STEPS = (unary, binary, cast, view, slicing, join, split, reduce, compare, selec
          norm, attention, conv, index, index_put, buffer, parameter_value)
 # A quantized program is checked by one call of the eager quantized model: no state carried.
 QUANTIZED_STEPS = tuple(s for s in STEPS if s is not buffer) + (quantized_linear, quantized_linear)
+# At model sizes: the steps whose numbers depend on the sizes, none writing positions out.
+SIZED_STEPS = (unary, binary, cast, view, slicing, join, split, reduce, compare, select_where, linear, norm,
+               attention, conv)
 LAYER_TRIES = 8
 
 
 @st.composite
-def programs(draw, min_steps: int = 2, max_steps: int = 12, quantization: Quantization | None = None) -> Program:
+def programs(draw, min_steps: int = 2, max_steps: int = 12, quantization: Quantization | None = None,
+             sizes: Sizes = SMALL) -> Program:
     """A random program of `min_steps`..`max_steps` steps over 1-3 inputs; with `quantization`,
     its first input float32 and whole groups wide, so an nn.Linear always fits, and at least
     one nn.Linear (and nn.Embedding, for the embedding option) among the steps, the last of
     each an output (no buffer steps)."""
-    b = _Builder(draw, quantization)
+    b = _Builder(draw, quantization, sizes)
     for i in range(b.integer(1, 3)):
         dtype = b.choice((torch.float32,) * 4 + DTYPES[1:])
         shape = b.shape()
         if quantization and i == 0:
             dtype, shape = torch.float32, (b.choice((1, 2, 4)), quantization.group_size * b.integer(1, 2))
+        elif sizes.fitted and i == 0:  # a model's activation: (batch, tokens, hidden)
+            dtype, shape = b.choice(FLOATS), (b.choice((1, 2)), b.choice(MODEL_TOKENS), b.choice(MODEL_WIDTHS))
         init = b.random_tensor(shape, dtype)
         b.inputs.append(init)
         b.namespace[f"x{i}"] = eval(init, b.namespace)
         b.values.append(Value(f"x{i}", shape, dtype))
-    steps = STEPS
+    steps = SIZED_STEPS if sizes.fitted else STEPS
     layers: tuple[Callable[[_Builder], bool], ...] = ()
     if quantization:
         layers = (quantized_linear,) + ((quantized_embedding,) if quantization.embedding else ())
