@@ -138,6 +138,11 @@ def _floored_remainder(self, other):
         return NotImplemented
     if not kernel_fixes.on("integer_remainder"):
         return NotImplemented
+    # A Python `other` as a 0-d tensor of torch's result dtype: lifted later as an int64 constant,
+    # with a 0-d `self` the two promoted to int64 (an int8 scalar's `% -3` came back int64).
+    if not isinstance(other, torch.Tensor):
+        dtype = torch.result_type(self, other)
+        self, other = self.to(dtype), torch.full((), other, dtype=dtype)
     return self - torch.div(self, other, rounding_mode="floor") * other
 
 

@@ -205,6 +205,22 @@ def test_integer_remainder_floors_like_torch(backend):
         assert torch.equal(got, want)
 
 
+class ScalarRemainder(torch.nn.Module):
+    """A 0-d int8 tensor's remainder by a Python int is int8 in torch; traced, the int is a 0-d
+    int64 tensor, and two 0-d tensors promote to int64 (found by the fuzzer at model sizes)."""
+
+    def forward(self, t):
+        return t.unbind(0)[1] % -3
+
+
+@pytest.mark.parametrize("backend", ["portable", "mlx"])
+def test_a_scalar_remainder_keeps_torchs_dtype(backend):
+    t = torch.tensor([-7, 5, 3], dtype=torch.int8)
+    (got,) = compiler.run(compiler.compile(ScalarRemainder(), (t,), backend), (t,))
+    want = ScalarRemainder()(t)
+    assert got.dtype == want.dtype == torch.int8 and torch.equal(got, want)
+
+
 class MergedHeads(torch.nn.Module):
     """Heads split from the hidden dim and merged back by a `view`: eager CPU attention of
     transposed inputs returns heads-minor strides, so the transposed result is contiguous."""

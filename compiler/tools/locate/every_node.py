@@ -232,10 +232,11 @@ def _read_payloads(program: ExportedProgram, split: Any, run: ProgramRun, backen
                 measured.notes.append(f"{delegate}: its payload's values cannot be read ({exc.reason}); cut instead")
         if values is None:
             to_cut.update((n.name, delegate) for n in module.original_module.graph.nodes
-                          if n.name in _computed(module.original_module) and not _copies(n))
+                          if n.name in _computed(module.original_module) and not _copies(n) and not _quantizer(n))
             continue
         found_by = f"the {module.backend_id} payload's intermediate values"
-        wanted = set(_computed(module.original_module))
+        wanted = {n.name for n in module.original_module.graph.nodes
+                  if n.name in _computed(module.original_module) and not _quantizer(n)}
         for node_name, value in values.items():
             if node_name in wanted:
                 measured.values[node_name] = value
@@ -262,6 +263,13 @@ def _copies(node: torch.fx.Node) -> bool:
     return nodes.op_name(node) in COPIES
 
 
+def _quantizer(node: torch.fx.Node) -> bool:
+    """A quantize, dequantize or choose_qparams op: a backend fuses it into the op it feeds and
+    holds its integers its own way (Core ML's uint8 for int8, XNNPACK's own scales), so it has no
+    value of its own to compare; the float op reading it is compared."""
+    return any(word in nodes.op_name(nodes.producer(node)) for word in ROUNDING_TO_INTEGER)
+
+
 def _cut_all(cutter: cut.Cut, names: list[str]) -> dict[str, Any]:
     """The values of as many of `names` as the backend gives a value of their own: all in one
     lowering, else each half, down to single nodes (those fused into their readers left out)."""
@@ -269,7 +277,7 @@ def _cut_all(cutter: cut.Cut, names: list[str]) -> dict[str, Any]:
         return {}
     try:
         return cutter.values(names)
-    except CompileError:
+    except (CompileError, RuntimeError):  # not lowered, or the runtime would not load the payload
         if len(names) == 1:
             cutter.fused.append(names[0])
             return {}
