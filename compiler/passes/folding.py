@@ -23,6 +23,8 @@ as a buffer the write would outlive the call.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import operator
 from typing import Any, Iterable
@@ -377,6 +379,7 @@ def _repropagate_shapes(ep: ExportedProgram) -> None:
     fake_mode = detect_fake_mode([n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"])
     inputs = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"]
     FakeTensorProp(ep.graph_module, fake_mode).propagate_dont_convert_inputs(*inputs)
+    _rebind_unbacked(ep.graph)
     for node in list(ep.graph.nodes):
         if node.op != "call_function":
             continue
@@ -396,6 +399,29 @@ def _repropagate_shapes(ep: ExportedProgram) -> None:
             elif isinstance(leaf, torch.SymInt):
                 live |= set(leaf.node.expr.free_symbols)
     ep._range_constraints = {s: r for s, r in ep.range_constraints.items() if s in live or not str(s).startswith("u")}
+
+
+def _rebind_unbacked(graph: torch.fx.Graph) -> None:
+    """Each data-dependent op's `unbacked_bindings` named again after the symbols of its new value.
+    Fake propagation leaves them naming fresh symbols no value holds (`u2` where the value is
+    `(1, u0, 8)`), and a later trace that rebinds by them stops: "Pending unbacked symbols {u10}
+    not in returned outputs". A size that became static is bound no more."""
+    import sympy
+
+    for node in graph.nodes:
+        bindings = node.meta.get("unbacked_bindings")
+        if not bindings:
+            continue
+        renamed = {}
+        for path in bindings.values():
+            size = functools.reduce(lambda value, key: key.get(value), path, node.meta.get("val"))
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if isinstance(expr, sympy.Symbol):
+                renamed[expr] = path
+        if renamed:
+            node.meta["unbacked_bindings"] = renamed
+        else:
+            del node.meta["unbacked_bindings"]
 
 
 def _replace_with_literal(node: torch.fx.Node, value: Any) -> None:

@@ -90,3 +90,36 @@ def test_nonzero_of_a_2d_mask_runs_right_read_any_way(backend):
     for mask in (mask, torch.zeros(2, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)):
         check = compiler.compare_with_eager(result, model, (mask,))
         assert check.passed, (mask, check.describe())
+
+
+class ImageTokensAndPickedText(torch.nn.Module):
+    """A VLM prefix: image tokens at constant positions (the fold makes the mask positions, then
+    propagates shapes again) beside a data-dependent selection."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("is_image", torch.tensor([False, True, True, False, True, False]))
+
+    def forward(self, embeds, keep):
+        image = embeds[:, self.is_image]
+        where = torch.nonzero(keep).squeeze(-1)
+        return image.sum() + embeds.index_select(1, where).sum()
+
+
+def test_after_the_fold_every_data_dependent_op_is_bound_to_the_symbols_its_value_holds():
+    """Fake propagation left `unbacked_bindings` naming fresh symbols no value held (u2 for a value
+    of size u0): a later trace that rebinds by them stops ("Pending unbacked symbols ... not in
+    returned outputs")."""
+    inputs = (torch.randn(1, 6, 8), torch.tensor([True, False, True, True, False, True]))
+    result = compiler.compile(ImageTokensAndPickedText(), inputs, "xnnpack", stop_after="fold", cache=False)
+    assert result.stages.fold.program is not result.stages.capture.program  # the fold rewrote the mask
+    bound = 0
+    for node in result.stages.fold.program.graph.nodes:
+        for symbol, path in (node.meta.get("unbacked_bindings") or {}).items():
+            held = {s for d in node.meta["val"].shape if isinstance(d, torch.SymInt) for s in d.node.expr.free_symbols}
+            assert symbol in held, (node.name, symbol, node.meta["val"].shape)
+            bound += 1
+    assert bound >= 1
+    check = compiler.compare_with_eager(compiler.compile(ImageTokensAndPickedText(), inputs, "xnnpack", cache=False),
+                                        ImageTokensAndPickedText(), inputs)
+    assert check.passed, check.describe()
