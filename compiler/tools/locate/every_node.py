@@ -437,7 +437,7 @@ class _Judge:
             return None
         if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
             return None
-        tolerance = _tolerance(node, got, want, inputs, self.run)
+        tolerance = _tolerance(node, got, want, inputs, self.run) + _activation_steps(side, local, want)
         got = _like(got, want)
         reason = compare.unlike(got, want, tolerance)
         error = float("inf") if reason else compare.error_as_consumed(got, want)
@@ -447,6 +447,36 @@ class _Judge:
         input_errors = tuple((n.name, self.own_errors.get(n.name)) for n in node.all_input_nodes
                              if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor))
         return _Verdict(error, tolerance, reference, input_errors, reason)
+
+
+def _activation_steps(side: _Local, node: torch.fx.Node, want: torch.Tensor) -> float:
+    """For an op reading an activation quantized as the program runs (a dequantize of computed
+    values, not of a weight): what moving every element of it one quantization step, by random
+    signs, does to the op's value. A backend quantizes with its own scales and rounding
+    (XNNPACK's dynamic quantization) and lands a step away from eager's on some elements, as
+    the check allows for its outputs (`activation_allowance`)."""
+    if not want.is_floating_point():
+        return 0.0
+    quantized = [n for n in node.all_input_nodes
+                 if "dequantize" in nodes.op_name(n) and isinstance(n.args[0], torch.fx.Node)
+                 and n.args[0].op == "call_function"]
+    if not quantized:
+        return 0.0
+    generator = torch.Generator().manual_seed(0)
+    moved = {}
+    for source in quantized:
+        value = side.value(source)
+        step = side.value(source.args[1]) if isinstance(source.args[1], torch.fx.Node) else source.args[1]
+        step = torch.as_tensor(step, dtype=value.dtype)
+        if step.dim() and step.shape != value.shape:  # per-token scales: one per row
+            step = step.reshape(step.shape + (1,) * (value.dim() - step.dim()))
+        signs = torch.randint(0, 2, value.shape, generator=generator).to(value.dtype) * 2 - 1
+        moved[source.name] = value + step * signs
+    args, kwargs = torch.fx.node.map_arg(
+        (node.args, node.kwargs), lambda n: moved[n.name] if n.name in moved else side.value(n))
+    with torch.no_grad():
+        shifted = node.target(*args, **kwargs)
+    return compare.error(shifted, want) or 0.0
 
 
 def _tolerance(node: torch.fx.Node, got: torch.Tensor, want: torch.Tensor, inputs: Sequence[Any], run: ProgramRun) -> float:
