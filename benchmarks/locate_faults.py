@@ -231,6 +231,9 @@ CASES: tuple[Case, ...] = (
     Case("cpu_kernels", "integer_remainder",
          _seeded(lambda: (Fn(lambda a, b: torch.remainder(a * 2, b) + 1), (torch.arange(-4, 4).reshape(2, 4), torch.tensor([3])))),
          "aten_remainder_tensor", "aten.remainder.Tensor", stage="emit", default=True),
+    Case("cpu_kernels", "half_precision_accumulation",
+         _seeded(lambda: (Fn(lambda x: F.layer_norm(x * 2, (2048,)) + 1), (torch.randn(2, 2048, dtype=torch.float16),))),
+         "aten_native_layer_norm_default", "aten.native_layer_norm.default", stage="emit"),
 )
 
 

@@ -22,6 +22,11 @@ FIXES: dict[str, str] = {
         "integer remainder runs the portable kernel, which truncates like C's % where torch floors "
         "(-2 % 5 gives -2, torch 3); with the fix it becomes a - floor_div(a, b) * b"
     ),
+    "half_precision_accumulation": (
+        "float16 and bfloat16 layer_norm, var and cumsum run the portable kernels, which accumulate in the "
+        "input's precision (a float16 layer norm over 2048 values came out 0.96 of its largest output off); "
+        "with the fix they compute in float32 and cast back, as torch's kernels do"
+    ),
 }
 
 SWITCHES = fix_switches.register("cpu_kernels", FIXES)

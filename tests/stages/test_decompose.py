@@ -241,3 +241,20 @@ def test_a_view_after_attention_kept_whole_matches_eager(backend):
     artifact = compiler.compile(model, args, backend)
     assert "aten.scaled_dot_product_attention.default" in artifact.stages["decompose"].preserved_ops
     torch.testing.assert_close(compiler.run(artifact, args)[0], model(*args), atol=2e-3, rtol=2e-3)
+
+
+class LongHalfRows(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],)), x.var(-1), x.cumsum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_half_precision_rows_of_a_models_width_accumulate_in_float32_like_torch(backend, dtype):
+    """The portable kernels accumulated layer_norm, var and cumsum in the input's precision: a
+    float16 layer norm over 2048 values came out 0.96 of its largest output off."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 2048).to(dtype)
+    got = compiler.run(compiler.compile(LongHalfRows(), (x,), backend), (x,))
+    for g, w in zip(got, LongHalfRows()(x), strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
