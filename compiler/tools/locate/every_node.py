@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -289,10 +290,16 @@ def _cut_all(cutter: cut.Cut, names: list[str]) -> dict[str, Any]:
         return {}
     try:
         return cutter.values(names)
-    except (CompileError, RuntimeError):  # not lowered, or the runtime would not load the payload
+    except (CompileError, RuntimeError) as exc:  # not lowered, or the runtime would not load the payload
         if len(names) == 1:
             cutter.fused.append(names[0])
             return {}
+        # XNNPACK names a value another partition reads, which it cannot also return: "Output node
+        # 'aten_add_tensor' is already in the inputs". Left out, the rest goes in one lowering again.
+        named = [n for n in re.findall(r"'([\w.]+)'", str(exc)) if n in names]
+        if named:
+            cutter.fused.extend(named)
+            return _cut_all(cutter, [n for n in names if n not in named])
     middle = len(names) // 2
     return {**_cut_all(cutter, names[:middle]), **_cut_all(cutter, names[middle:])}
 
