@@ -145,17 +145,21 @@ def _check(result: Any, inputs: tuple, backend: Any) -> NodeCheck:
     eager = {**run_exported(reference, inputs, keep=True).values, **_placeholders(reference, inputs)}
     in_torch = {**run_exported(split.program, inputs, keep=True).values, **_placeholders(split.program, inputs)}
     judge = _Judge(reference, split.program, counterpart, measured.values, eager, in_torch, run)
-    over, compared = [], 0
-    sources = [captured.program, reference, split.program]
+    verdicts = {}
     for node in split.program.graph.nodes:
-        if node.op != "call_function" or node.name not in measured.values:
-            continue
-        verdict = judge.node(node)
-        if verdict is None:
-            continue
-        compared += 1
-        if verdict.over:
-            over.append(verdict.divergence(node, sources, measured))
+        if node.op == "call_function" and node.name in measured.values:
+            verdict = judge.node(node)
+            if verdict is not None:
+                verdicts[node.name] = verdict
+    tapped = [n for n, v in verdicts.items() if v.over and n in measured.tapped]
+    if tapped:  # a tap may read a var a converter's pass changed: the value the payload returns decides
+        _confirm_by_cutting(tapped, split, backend, result.config, inputs, measured)
+        nodes_by_name = {n.name: n for n in split.program.graph.nodes}
+        verdicts.update({n: judge.node(nodes_by_name[n]) for n in tapped if n in measured.values})
+    sources = [captured.program, reference, split.program]
+    by_name = {n.name: n for n in split.program.graph.nodes}
+    over = [v.divergence(by_name[n], sources, measured) for n, v in verdicts.items() if v is not None and v.over]
+    compared = sum(1 for v in verdicts.values() if v is not None)
     unmeasured = tuple(n.name for n in split.program.graph.nodes
                        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
                        and n.name not in measured.values)
@@ -214,6 +218,7 @@ class _Measured:
     delegate: dict[str, str] = attrs.field(factory=dict)
     payload_ops: dict[str, str] = attrs.field(factory=dict)
     notes: list[str] = attrs.field(factory=list)
+    tapped: set[str] = attrs.field(factory=set)  # values read through a backend's tap
 
 
 def _calls(program: ExportedProgram) -> list[torch.fx.Node]:
@@ -255,6 +260,7 @@ def _read_payloads(program: ExportedProgram, split: Any, run: ProgramRun, backen
                 measured.values[node_name] = value
                 measured.found_by[node_name] = found_by
                 measured.delegate[node_name] = delegate
+                measured.tapped.add(node_name)
         measured.payload_ops.update(getattr(values, "ops", {}))
     if to_cut:
         cutter = cut.Cut(split, backend, config, inputs)
@@ -281,6 +287,22 @@ def _quantizer(node: torch.fx.Node) -> bool:
     holds its integers its own way (Core ML's uint8 for int8, XNNPACK's own scales), so it has no
     value of its own to compare; the float op reading it is compared."""
     return any(word in nodes.op_name(nodes.producer(node)) for word in ROUNDING_TO_INTEGER)
+
+
+def _confirm_by_cutting(names: list[str], split: Any, backend: Any, config: Any, inputs: tuple,
+                        measured: _Measured) -> None:
+    """The values of `names` (over their tolerance as a tap read them) as the payload returns them:
+    the partition lowered again with each an output. A converter's pass may have folded another
+    node's op into the var a tap reads (Core ML's attention scale into a transpose); a value the
+    payload returns is the node's own. A node the cut cannot return keeps the tap's value."""
+    cutter = cut.Cut(split, backend, config, inputs)
+    values = _cut_all(cutter, names)
+    seconds = sum(s for _, s in cutter.lowerings)
+    for name, value in values.items():
+        measured.values[name] = value
+        measured.found_by[name] = (f"{measured.found_by[name]}, then the partition lowered again with it an output "
+                                   f"({seconds:.1f} s)")
+        measured.tapped.discard(name)
 
 
 def _cut_all(cutter: cut.Cut, names: list[str]) -> dict[str, Any]:
@@ -447,6 +469,7 @@ class _Judge:
             return None
         tolerance = _tolerance(node, got, want, inputs, self.run) + _activation_steps(side, local, want, self.inputs)
         got = _like(got, want)
+        want = _saturated(want, got, _precision(got, want, self.run))
         reason = compare.unlike(got, want, tolerance)
         error = float("inf") if reason else compare.error_as_consumed(got, want)
         if error is None:
@@ -512,15 +535,30 @@ def _reads(node: torch.fx.Node, inputs: set[str]) -> bool:
     return False
 
 
+def _precision(got: torch.Tensor, want: torch.Tensor, run: ProgramRun) -> torch.dtype:
+    """The least precise of the node's dtypes and what the program computes in."""
+    precision = least_precise([want.dtype, got.dtype if got.is_floating_point() else None, run.computes_in,
+                               torch.float16 if run.computes_in_float16 else None]) or torch.float32
+    return precision if precision in OWN_SHARE else torch.float32
+
+
+def _saturated(want: torch.Tensor, got: torch.Tensor, precision: torch.dtype) -> torch.Tensor:
+    """Eager's value as a program computing in `precision` can hold it: beyond float16's range an
+    infinity (a mask's float32 minimum, -3.4e38, is -inf in float16), where the program's value
+    is that infinity too."""
+    if precision == torch.float32 or not want.is_floating_point() or got.shape != want.shape:
+        return want
+    narrowed = want.to(precision).to(want.dtype)
+    return torch.where(narrowed.isinf() & (got == narrowed), narrowed, want)
+
+
 def _tolerance(node: torch.fx.Node, got: torch.Tensor, want: torch.Tensor, inputs: Sequence[Any], run: ProgramRun) -> float:
     """The error a node's own computation may make, for the precision it computes in and the
     magnitude of its value and inputs (see OWN_SHARE)."""
     if not want.is_floating_point():
         rounds = any(word in nodes.op_name(node) for word in ROUNDING_TO_INTEGER)
         return 1.0 if rounds else 0.0
-    precision = least_precise([want.dtype, got.dtype if got.is_floating_point() else None, run.computes_in,
-                               torch.float16 if run.computes_in_float16 else None]) or torch.float32
-    precision = precision if precision in OWN_SHARE else torch.float32
+    precision = _precision(got, want, run)
     floating = [v for v in user_leaves(inputs) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
     scale = max([largest_finite(want.detach().double())] + [largest_finite(v.detach().double()) for v in floating])
     return OWN_SHARE[precision] * scale + OWN_FLOOR[precision]
