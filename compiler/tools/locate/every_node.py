@@ -151,8 +151,11 @@ def _check(result: Any, inputs: tuple, backend: Any) -> NodeCheck:
             verdict = judge.node(node)
             if verdict is not None:
                 verdicts[node.name] = verdict
-    tapped = [n for n, v in verdicts.items() if v.over and n in measured.tapped]
-    if tapped:  # a tap may read a var a converter's pass changed: the value the payload returns decides
+    # A tap may read a var a converter's pass changed: the value the payload returns decides. Not for
+    # a value of another kind or shape (a float where torch gives an integer): returned, it would be
+    # cast to the node's dtype at the payload's boundary, and the fault hidden.
+    tapped = [n for n, v in verdicts.items() if v.over and v.reason is None and n in measured.tapped]
+    if tapped:
         _confirm_by_cutting(tapped, split, backend, result.config, inputs, measured)
         nodes_by_name = {n.name: n for n in split.program.graph.nodes}
         verdicts.update({n: judge.node(nodes_by_name[n]) for n in tapped if n in measured.values})
