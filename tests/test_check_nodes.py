@@ -105,6 +105,18 @@ class Chunked(torch.nn.Module):
         return F.softmax(q * k, -1) + v
 
 
+class SquareAttention(torch.nn.Module):
+    """nn.MultiheadAttention over 6 tokens of 2 heads, as ACT's encoder: its scores are 6 x 6, and
+    a transposed key of that square shape has the counterpart of another meaning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(8, 2)
+
+    def forward(self, x, padding):
+        return self.attention(x, x, value=x, key_padding_mask=padding)[0]
+
+
 FOUND = {
     "split-item": (SplitItem, lambda: (torch.randn(2, 2, dtype=torch.float16),)),
     "write-into-clone": (WriteIntoClone, lambda: (torch.randn(3),)),
@@ -112,6 +124,7 @@ FOUND = {
     "boolean-output": (BooleanOutput, lambda: (torch.randn(4),)),
     "masked-pick": (MaskedPick, lambda: (torch.randn(3),)),
     "chunked": (Chunked, lambda: (torch.randn(2, 8),)),
+    "square-attention": (SquareAttention, lambda: (torch.randn(6, 2, 8), torch.tensor([[False] * 5 + [True]] * 2))),
 }
 
 
