@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import compiler
 from benchmarks import locate_faults, node_check
@@ -95,16 +94,6 @@ class MaskedPick(torch.nn.Module):
         return torch.relu(x)[self.keep] * 2
 
 
-class Chunked(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(8, 24)
-
-    def forward(self, x):
-        q, k, v = self.a(x).chunk(3, dim=-1)
-        return F.softmax(q * k, -1) + v
-
-
 class SquareAttention(torch.nn.Module):
     """nn.MultiheadAttention over 6 tokens of 2 heads, as ACT's encoder: its scores are 6 x 6, and
     a transposed key of that square shape has the counterpart of another meaning."""
@@ -123,7 +112,6 @@ FOUND = {
     "grow-buffer": (GrowBuffer, lambda: (torch.randn(2),)),
     "boolean-output": (BooleanOutput, lambda: (torch.randn(4),)),
     "masked-pick": (MaskedPick, lambda: (torch.randn(3),)),
-    "chunked": (Chunked, lambda: (torch.randn(2, 8),)),
     "square-attention": (SquareAttention, lambda: (torch.randn(6, 2, 8), torch.tensor([[False] * 5 + [True]] * 2))),
 }
 

@@ -89,11 +89,7 @@ def add_parsers(commands, talk: argparse.ArgumentParser) -> None:
         "backend takes; stock compiles them with ExecuTorch's recipe for the scheme; both are compared with their "
         "eager quantized model",
     )
-    fuzz_cmd.add_argument(
-        "--check-nodes", action="store_true",
-        help="check every node of each program whose outputs pass against eager's op on the same inputs "
-        "(compiler.check_nodes); a node over its own tolerance is a finding",
-    )
+    flags.add_check_nodes_flag(fuzz_cmd, "each program whose outputs pass")
     fuzz_cmd.add_argument(
         "--model-sizes", action="store_true",
         help="draw widths and sequence lengths up to a 1B model's (hidden 2048, 512 tokens) instead of a few "

@@ -45,11 +45,7 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
         "--locate", action="store_true",
         help="with --check: when the check fails, name the first stage and node whose outputs leave eager's",
     )
-    command.add_argument(
-        "--check-nodes", action="store_true",
-        help="compare every node of the program (inside delegates too) with eager's op on the same inputs, each at "
-        "a tolerance for its own precision and magnitude: finds what the outputs hide (a softmax behind a fault)",
-    )
+    flags.add_check_nodes_flag(command, "the program")
     command.add_argument(
         "--report-json", metavar="FILE",
         help="write the whole report as JSON: model, backend and options, versions, stages, placement per node, check",

@@ -49,6 +49,14 @@ def add_tolerance_flag(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def add_check_nodes_flag(parser: argparse.ArgumentParser, of_what: str) -> None:
+    parser.add_argument(
+        "--check-nodes", action="store_true",
+        help=f"compare every node of {of_what} (inside delegates too) with eager's op on the same inputs, each at a "
+        "tolerance for its own precision and magnitude (compiler.check_nodes): finds what the outputs hide",
+    )
+
+
 def add_dynamic_dim_flag(parser: argparse.ArgumentParser, check: str) -> None:
     parser.add_argument(
         "--dynamic-dim", action="append", default=[], type=_dynamic_dim, metavar=dynamic_dims.FORM,
