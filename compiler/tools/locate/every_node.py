@@ -447,6 +447,7 @@ class _Judge:
                  measured: Mapping[str, Any], eager: Mapping[str, Any], in_torch: Mapping[str, Any], run: ProgramRun,
                  payload_ops: Mapping[str, str] = {}) -> None:
         self.payload_ops = payload_ops
+        self.unwritten: dict[str, bool] = {}
         to_split = {c: s for s, c in counterpart.items()}
         self.counterpart = counterpart
         self.measured = measured
@@ -458,6 +459,16 @@ class _Judge:
         self.own_errors: dict[str, float] = {}
         self.inputs = set(captured.graph_signature.user_inputs) | set(split.graph_signature.user_inputs)
 
+    def _unwritten(self, node: torch.fx.Node) -> bool:
+        """Whether `node`'s value, as computed here, may hold memory never written: an allocation
+        (`torch.empty`), or a fused node reading one (a measured value holds the program's own
+        memory, which its readers computed from)."""
+        if node.name not in self.unwritten:
+            self.unwritten[node.name] = _uninitialized(node) or (
+                node.op == "call_function" and node.name not in self.measured
+                and any(self._unwritten(n) for n in node.all_input_nodes))
+        return self.unwritten[node.name]
+
     def _own_error(self, node: torch.fx.Node, got: torch.Tensor) -> float:
         try:
             mine = self.own_side.evaluate(node)
@@ -468,8 +479,10 @@ class _Judge:
         return compare.error_as_consumed(_like(got, mine), mine) or float("inf")
 
     def node(self, node: torch.fx.Node) -> _Verdict | None:
-        if _uninitialized(node) or any(_uninitialized(n) for n in node.all_input_nodes):
+        if _uninitialized(node) or any(self._unwritten(n) for n in node.all_input_nodes):
             return None  # memory never written holds whatever it held: no value to compare
+        if not node.users:
+            return None  # read by nothing: a backend need not compute it (XNNPACK returned garbage for one)
         got = self.measured[node.name]
         twin = self.captured.get(self.counterpart.get(node.name, ""))
         try:
