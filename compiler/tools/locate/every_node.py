@@ -512,7 +512,8 @@ class _Judge:
             # The counterpart may be one of the same shape but another meaning (attention's views of
             # one shape): the node's own op on the same inputs decides then.
             error = min(error, self._own_error(node, got))
-        if error > tolerance and "const (folded at conversion)" in (self.payload_ops.get(node.name) or ""):
+        folded = "const (folded at conversion)" in (self.payload_ops.get(node.name) or "")
+        if error > tolerance and folded and want.is_floating_point():
             tolerance = max(tolerance, FOLDED_SHARE * _scale(want, inputs))
         self.own_errors[node.name] = error
         input_errors = tuple((n.name, self.own_errors.get(n.name)) for n in node.all_input_nodes
