@@ -163,6 +163,21 @@ def _accumulating_in_float32(op: torch._ops.OpOverload):
     return decomposition
 
 
+def _layer_norm_in_float32(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """`native_layer_norm` of a float16 or bfloat16 input normalized in float32, as torch's kernel
+    does, and its weight and bias applied after, in the input's dtype: a converter takes them as
+    they are (Core ML refuses a weight cast to float32 in the graph: "Input gamma must be const")."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return NotImplemented
+    out, mean, rstd = torch.ops.aten.native_layer_norm.default(x.float(), normalized_shape, None, None, eps)
+    out = out.to(x.dtype)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean.to(x.dtype), rstd.to(x.dtype)
+
+
 def _round_decimals(self, *, decimals=0):
     """`aten.round.decimals` as torch's kernel computes it, in the op-math dtype (float32 for
     float16/bfloat16): round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0.
@@ -282,8 +297,8 @@ _DECOMPOSED_HERE = {
     torch.ops.aten.remainder.Scalar: _floored_remainder,
     torch.ops.aten.median.default: _median,
     torch.ops.aten.median.dim: _median_dim,
-    **{op: _accumulating_in_float32(op) for op in (
-        torch.ops.aten.native_layer_norm.default, torch.ops.aten.var.correction, torch.ops.aten.cumsum.default)},
+    torch.ops.aten.native_layer_norm.default: _layer_norm_in_float32,
+    **{op: _accumulating_in_float32(op) for op in (torch.ops.aten.var.correction, torch.ops.aten.cumsum.default)},
 }
 # Entries a kernel fix switched off leaves out of the table (test-only). Checking the switch inside
 # the decomposition instead, a model compiled with it off and then on in one process kept its half

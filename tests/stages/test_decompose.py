@@ -258,3 +258,14 @@ def test_half_precision_rows_of_a_models_width_accumulate_in_float32_like_torch(
     got = compiler.run(compiler.compile(LongHalfRows(), (x,), backend), (x,))
     for g, w in zip(got, LongHalfRows()(x), strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("backend", ["coreml", pytest.param("mlx", marks=pytest.mark.slow),
+                                     pytest.param("portable", marks=pytest.mark.slow)])
+def test_a_float16_layer_norm_with_weights_converts_and_matches_eager(backend):
+    """Normalized in float32 and its weights applied in float16: a weight cast in the graph is not a
+    constant, which Core ML's layer_norm refuses ("Input gamma must be const at compile time")."""
+    torch.manual_seed(0)
+    model, x = torch.nn.LayerNorm(2048).half().eval(), torch.randn(2, 8, 2048).half()
+    check = compiler.compare_with_eager(compiler.compile(model, (x,), backend), model, (x,))
+    assert check.passed, check.describe()
