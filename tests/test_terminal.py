@@ -125,6 +125,7 @@ def test_captures_in_threads_share_one_redirection_and_give_the_descriptors_back
     assert printed.out == "fd 1 is back\nsys.stdout is back\n" and printed.err == "fd 2 is back\n"
 
 
+@pytest.mark.slow  # 7-8 s: over the default run's budget; runs with -m slow
 def test_compiling_and_running_through_the_api_print_nothing():
     # A fresh process: ExecuTorch's runtime talks (cpuinfo, from C) only the first time it loads.
     script = (
