@@ -254,13 +254,13 @@ def _read_payloads(program: ExportedProgram, split: Any, run: ProgramRun, backen
                 values = hook(module.processed_bytes, given, data, program=module.original_module)
             except CompileError as exc:
                 measured.notes.append(f"{delegate}: its payload's values cannot be read ({exc.reason}); cut instead")
+        computed = set(_computed(module.original_module))
         if values is None:
             to_cut.update((n.name, delegate) for n in module.original_module.graph.nodes
-                          if n.name in _computed(module.original_module) and not _copies(n) and not _quantizer(n))
+                          if n.name in computed and not _copies(n) and not _quantizer(n))
             continue
         found_by = f"the {module.backend_id} payload's intermediate values"
-        wanted = {n.name for n in module.original_module.graph.nodes
-                  if n.name in _computed(module.original_module) and not _quantizer(n)}
+        wanted = {n.name for n in module.original_module.graph.nodes if n.name in computed and not _quantizer(n)}
         for node_name, value in values.items():
             if node_name in wanted:
                 measured.values[node_name] = value
