@@ -106,6 +106,22 @@ class SquareAttention(torch.nn.Module):
         return self.attention(x, x, value=x, key_padding_mask=padding)[0]
 
 
+class Bfloat16Norm(torch.nn.Module):
+    """A bfloat16 RMS norm taking its mean square in float32 (pi0's): on XNNPACK and Core ML the
+    precision stage makes the program compute in float32, where eager rounds between its ops;
+    a node's own op on its inputs then agrees exactly (an error of 0.0 is no error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16, dtype=torch.bfloat16), requires_grad=False)
+        self.linear = torch.nn.Linear(16, 16, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        x = self.linear(x)
+        variance = torch.square(x.float()).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + 1e-6) * (1.0 + self.weight.float())
+
+
 FOUND = {
     "split-item": (SplitItem, lambda: (torch.randn(2, 2, dtype=torch.float16),)),
     "write-into-clone": (WriteIntoClone, lambda: (torch.randn(3),)),
@@ -113,6 +129,7 @@ FOUND = {
     "boolean-output": (BooleanOutput, lambda: (torch.randn(4),)),
     "masked-pick": (MaskedPick, lambda: (torch.randn(3),)),
     "square-attention": (SquareAttention, lambda: (torch.randn(6, 2, 8), torch.tensor([[False] * 5 + [True]] * 2))),
+    "bfloat16-norm": (Bfloat16Norm, lambda: (torch.randn(4, 16, dtype=torch.bfloat16),)),
 }
 
 
@@ -139,3 +156,38 @@ def test_the_compile_job_checks_every_node_and_reports_it(backend, tmp_path):
 def test_a_resumed_run_cannot_check_nodes_and_is_told_before_work():
     with pytest.raises(UserInputError, match="check_nodes=True compares the captured program"):
         compiler.compile_job(None, resume_from="missing.stage", check_nodes=True)
+
+
+class RepeatedKeys(torch.nn.Module):
+    """Grouped-query attention's keys repeated per head (SmolVLA's): unsqueeze, expand, clone, view."""
+
+    def forward(self, q, k):
+        k = k[:, :, :, None, :].expand(1, 13, 2, 2, 16).reshape(1, 13, 4, 16).transpose(1, 2)
+        return torch.softmax(q.transpose(1, 2) @ k.transpose(-1, -2), -1)
+
+
+def test_a_tap_reading_another_ops_value_is_cut_and_its_readers_judged_again(monkeypatch):
+    """A converter's pass may give the var a tap reads to another op (on SmolVLA's repeated keys
+    Core ML's tap of a clone read a transpose): the value the payload returns when cut decides,
+    and each reader is judged again on it, not on what eager computed from the tap's value."""
+    from compiler.tools.locate import every_node
+
+    torch.manual_seed(0)
+    model, inputs = RepeatedKeys().eval(), (torch.randn(1, 13, 4, 16), torch.randn(1, 13, 2, 16))
+    result = compiler.compile(model, inputs, "coreml")
+    expand = next(n.name for n in result.stages.split_constants.program.graph.nodes if "expand" in n.name)
+    tap = every_node.backends.intermediate_values
+
+    def misread(backend_id):
+        read = tap(backend_id)
+
+        def values(*args, **kwargs):
+            found = read(*args, **kwargs)
+            found[expand] = found[expand].flip(-1)  # the var of another op: same shape, other values
+            return found
+        return values
+
+    monkeypatch.setattr(every_node.backends, "intermediate_values", misread)
+    found = compiler.check_nodes(result, model, inputs, at_float32=False)
+    assert found.passed, found.describe()
+    assert found.compared >= 4

@@ -143,29 +143,37 @@ def _check(result: Any, inputs: tuple, backend: Any) -> NodeCheck:
     measured = _Measured()
     _read_payloads(lowered.program, split, run, backend, result.config, inputs, measured)
     _read_runtime(lowered, backend, result.config, inputs, run, measured)
-    reference, counterpart = _reference(captured.program, stages.get("decompose"), split.program, measured)
+    # Where the precision stage changed the dtype the program computes in (a bfloat16 model on
+    # XNNPACK computes in float32), each node is judged against its op in that dtype: the change
+    # is the driver's choice, checked against the model by the output check, not a node's fault.
+    chosen = getattr(stages.get("precision"), "program", None) or captured.program
+    reference, counterpart = _reference(chosen, stages.get("decompose"), split.program, measured)
     # A captured program may write into its inputs in place: its placeholders are read before it runs.
     eager = {**run_exported(reference, inputs, keep=True).values, **_placeholders(reference, inputs)}
     in_torch = {**run_exported(split.program, inputs, keep=True).values, **_placeholders(split.program, inputs)}
-    judge = _Judge(reference, split.program, counterpart, measured.values, eager, in_torch, run, measured.payload_ops)
-    verdicts = {}
-    for node in split.program.graph.nodes:
-        if node.op == "call_function" and node.name in measured.values:
-            verdict = judge.node(node)
-            if verdict is not None:
-                verdicts[node.name] = verdict
+
+    def judged() -> dict[str, _Verdict]:
+        judge = _Judge(reference, split.program, counterpart, measured.values, eager, in_torch, run,
+                       measured.payload_ops)
+        return {node.name: verdict for node in split.program.graph.nodes
+                if node.op == "call_function" and node.name in measured.values
+                and (verdict := judge.node(node)) is not None}
+
+    verdicts = judged()
     # A tap may read a var a converter's pass changed: the value the payload returns decides. Not for
     # a value of another kind or shape (a float where torch gives an integer): returned, it would be
-    # cast to the node's dtype at the payload's boundary, and the fault hidden.
-    tapped = [n for n, v in verdicts.items() if v.over and v.reason is None and n in measured.tapped]
-    if tapped:
+    # cast to the node's dtype at the payload's boundary, and the fault hidden. Every node is judged
+    # again after a cut: its readers' eager values were computed from the tap's value.
+    cut_for = set()
+    while tapped := [n for n, v in verdicts.items()
+                     if v.over and v.reason is None and n in measured.tapped and n not in cut_for]:
+        cut_for.update(tapped)
         _confirm_by_cutting(tapped, split, backend, result.config, inputs, measured)
-        nodes_by_name = {n.name: n for n in split.program.graph.nodes}
-        verdicts.update({n: judge.node(nodes_by_name[n]) for n in tapped if n in measured.values})
+        verdicts = judged()
     sources = [captured.program, reference, split.program]
     by_name = {n.name: n for n in split.program.graph.nodes}
-    over = [v.divergence(by_name[n], sources, measured) for n, v in verdicts.items() if v is not None and v.over]
-    compared = sum(1 for v in verdicts.values() if v is not None)
+    over = [v.divergence(by_name[n], sources, measured) for n, v in verdicts.items() if v.over]
+    compared = len(verdicts)
     unmeasured = tuple(n.name for n in split.program.graph.nodes
                        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
                        and n.name not in measured.values)
@@ -476,7 +484,7 @@ class _Judge:
             return float("inf")
         if not isinstance(mine, torch.Tensor) or mine.shape != got.shape:
             return float("inf")
-        return compare.error_as_consumed(_like(got, mine), mine) or float("inf")
+        return _or_infinite(compare.error_as_consumed(_like(got, mine), mine))
 
     def node(self, node: torch.fx.Node) -> _Verdict | None:
         if _uninitialized(node) or any(self._unwritten(n) for n in node.all_input_nodes):
@@ -623,7 +631,12 @@ def _fused_retry_error(side: _Local, local: torch.fx.Node, got: torch.Tensor, wa
         return float("inf")
     if not isinstance(again, torch.Tensor) or again.shape != want.shape:
         return float("inf")
-    return compare.error_as_consumed(got, again.to(want.dtype)) or float("inf")
+    return _or_infinite(compare.error_as_consumed(got, again.to(want.dtype)))
+
+
+def _or_infinite(error: float | None) -> float:
+    """An error for a second reading: none (nothing to compare) never clears a node; 0.0 does."""
+    return float("inf") if error is None else error
 
 
 def _tolerance(node: torch.fx.Node, got: torch.Tensor, want: torch.Tensor, inputs: Sequence[Any], run: ProgramRun) -> float:
