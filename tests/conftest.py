@@ -1,3 +1,4 @@
+import hashlib
 import logging
 import os
 import random
@@ -80,17 +81,34 @@ SAMPLED = {
 }
 
 
+# Every other parametrized family of at least this many cases keeps about half of them (each case
+# by a hash of its id, so a family over four backends keeps a mix of them, the same on every run).
+HALVED_FROM = 3
+
+
+def _family(item) -> tuple[str, str]:
+    return item.nodeid.split("::")[0], getattr(item, "originalname", item.name)
+
+
 def _sample(items) -> None:
-    """Marks slow all but every n-th case of each family in SAMPLED."""
-    seen: dict[tuple[str, str], int] = {}
+    """Marks slow all but a sample of each parametrized family: every n-th case of a family in
+    SAMPLED, about half of any other of HALVED_FROM cases or more (at least one stays)."""
+    families: dict[tuple[str, str], list] = {}
     for item in items:
-        family = (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
+        held = any(item.get_closest_marker(m) for m in ON_REQUEST)
+        if getattr(item, "callspec", None) is not None and not held:
+            families.setdefault(_family(item), []).append(item)
+    for family, cases in families.items():
         every = SAMPLED.get(family)
-        if every is None:
+        if every is not None:
+            kept = cases[::every]
+        elif len(cases) >= HALVED_FROM:
+            kept = [c for c in cases if hashlib.sha256(c.nodeid.encode()).digest()[0] % 2 == 0] or cases[:1]
+        else:
             continue
-        index = seen[family] = seen.get(family, -1) + 1
-        if index % every:
-            item.add_marker(pytest.mark.slow)
+        for item in cases:
+            if item not in kept:
+                item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(tryfirst=True)
