@@ -191,3 +191,32 @@ def test_a_tap_reading_another_ops_value_is_cut_and_its_readers_judged_again(mon
     found = compiler.check_nodes(result, model, inputs, at_float32=False)
     assert found.passed, found.describe()
     assert found.compared >= 4
+
+
+class HalfLayerNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32, dtype=torch.float16)
+
+    def forward(self, x):
+        return torch.softmax(self.norm(x * 0.1), -1)
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_a_wrong_rewrite_fails_at_its_last_node_though_each_of_its_ops_is_right(backend, monkeypatch):
+    """Our half-precision layer norm rewrite made wrong (its epsilon 3000 times torch's): each
+    node it makes computes its own op right, so only eager's layer norm, the counterpart of the
+    rewrite's last node, shows the fault; its own op must not clear it."""
+    from compiler.passes import decomposition
+
+    right = decomposition._layer_norm_in_float32
+
+    def wrong(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+        return right(x, normalized_shape, weight, bias, eps * 3000)
+
+    monkeypatch.setitem(decomposition._DECOMPOSED_HERE, torch.ops.aten.native_layer_norm.default, wrong)
+    torch.manual_seed(0)
+    model, inputs = HalfLayerNorm().eval(), (torch.randn(4, 32, dtype=torch.float16),)
+    found = compiler.check_nodes(compiler.compile(model, inputs, backend), model, inputs)
+    assert not found.passed
+    assert "layer_norm" in found.first[0].reference, found.describe()

@@ -516,9 +516,11 @@ class _Judge:
             return None
         if error > tolerance and not reason:
             error = min(error, _fused_retry_error(side, local, got, want))
-        if error > tolerance and not reason and side is self.eager_side:
+        if error > tolerance and not reason and side is self.eager_side and _same_op(node, twin):
             # The counterpart may be one of the same shape but another meaning (attention's views of
-            # one shape): the node's own op on the same inputs decides then.
+            # one shape): the node's own op on the same inputs decides then. Not for the last node
+            # of a rewrite (an `add` standing for a layer norm): its own op agrees with whatever
+            # the rewrite computed, right or wrong.
             error = min(error, self._own_error(node, got))
         folded = "const (folded at conversion)" in (self.payload_ops.get(node.name) or "")
         if error > tolerance and folded and want.is_floating_point():
@@ -527,6 +529,23 @@ class _Judge:
         input_errors = tuple((n.name, self.own_errors.get(n.name)) for n in node.all_input_nodes
                              if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor))
         return _Verdict(error, tolerance, reference, input_errors, reason)
+
+
+# Ops that are one op under two spellings (Edge's `_copy` forms aside): a view by any name.
+_SPELLINGS = {"reshape": "view", "_unsafe_view": "view", "transpose": "permute", "t": "permute"}
+
+
+def _base_op(node: torch.fx.Node) -> str:
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        return f"{_base_op(node.args[0])}[{node.args[1]}]"
+    parts = nodes.op_name(node).split(".")
+    name = parts[-2 if len(parts) > 1 else -1].replace("_dim_order", "").removesuffix("_copy")
+    return _SPELLINGS.get(name, name)
+
+
+def _same_op(node: torch.fx.Node, twin: torch.fx.Node) -> bool:
+    """Whether a compiled node computes its counterpart's op, not stands for it as a rewrite's."""
+    return _base_op(node) == _base_op(twin)
 
 
 def _uninitialized(node: torch.fx.Node) -> bool:
