@@ -83,7 +83,7 @@ SAMPLED = {
 
 # A parametrized family not in SAMPLED of at least this many cases keeps about half of them (each case
 # by a hash of its id, so a family over four backends keeps a mix of them, the same on every run).
-HALVED_FROM = 3
+HALVED_FROM = 2
 
 
 def _family(item) -> tuple[str, str]:
