@@ -194,6 +194,8 @@ def test_a_tap_reading_another_ops_value_is_cut_and_its_readers_judged_again(mon
 
 
 class HalfLayerNorm(torch.nn.Module):
+    """A float16 layer norm, which our decomposition normalizes in float32 (several nodes)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.norm = torch.nn.LayerNorm(32, dtype=torch.float16)
