@@ -87,7 +87,10 @@ class _ExportedArtifact:
 
 
 # What every Edge artifact holds to, whatever stage made it.
-_EDGE_INVARIANTS = (inv.program_validates, inv.edge_ops_only, inv.constants_listed_once, inv.dynamic_sizes_kept)
+_EDGE_INVARIANTS = (
+    inv.program_validates, inv.no_pending_unbacked_symbols, inv.edge_ops_only, inv.constants_listed_once,
+    inv.dynamic_sizes_kept,
+)
 
 
 @attrs.frozen
@@ -97,6 +100,7 @@ class AtenProgram(_ExportedArtifact):
     dialect: ClassVar[str] = ATEN
     invariants: ClassVar[tuple] = (
         inv.program_validates,
+        inv.no_pending_unbacked_symbols,
         inv.aten_ops_only,
         inv.no_transform_regions,
         inv.constants_not_written,

@@ -87,6 +87,15 @@ def symbols_read(node: torch.fx.Node) -> list[str]:
     return sorted(found)
 
 
+def symbols_held(node: torch.fx.Node) -> list[str]:
+    """The size symbols in `node`'s own value (its shape, or the SymInt it is)."""
+    found = set()
+    for leaf in pytree.tree_leaves(node.meta.get("val")):
+        sizes = leaf.shape if isinstance(leaf, torch.Tensor) else [leaf]
+        found |= {str(s) for d in sizes if isinstance(d, torch.SymInt) for s in d.node.expr.free_symbols}
+    return sorted(found)
+
+
 def symbols_named(text: str) -> list[str]:
     """The dynamic-size symbols (`s27`) a message names."""
     return sorted(set(_SYMBOL.findall(text)))
@@ -159,6 +168,34 @@ def _size_at(size: torch.SymInt, values: dict[str, int]) -> int:
 
 def _shape_env(program: ExportedProgram):
     return next((size.node.shape_env for _, _, size in _input_sizes(program)), None)
+
+
+def program_shape_env(program: ExportedProgram):
+    """The ShapeEnv of the program's fake values (a static program has one too), or None."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"])
+    return getattr(fake_mode, "shape_env", None)
+
+
+def pending_unbacked_symbols(program: ExportedProgram) -> list[sympy.Symbol]:
+    """Data-dependent sizes made on the program's fake values that no node has bound yet: the
+    next shape propagation raises `PendingUnbackedSymbolNotFound` at whatever node it reaches."""
+    env = program_shape_env(program)
+    return list(env.pending_fresh_unbacked_symbols) if env is not None else []
+
+
+@contextlib.contextmanager
+def fresh_symbols_dropped(program: ExportedProgram) -> Iterator[None]:
+    """A check that re-runs the graph on the program's own fake values (ExecuTorch's verifier
+    does) makes a fresh symbol at each data-dependent op and binds none: they are forgotten after."""
+    env = program_shape_env(program)
+    before = list(env.pending_fresh_unbacked_symbols) if env is not None else []
+    try:
+        yield
+    finally:
+        if env is not None:
+            env.pending_fresh_unbacked_symbols[:] = before
 
 
 @contextlib.contextmanager

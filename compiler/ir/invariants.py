@@ -106,10 +106,22 @@ def validated_form(artifact) -> Hashable:
 @invariant("this is a bug in the stage that produced the program; report it with the dumped input", key=validated_form)
 def program_validates(artifact) -> Violation | None:
     try:
-        artifact.program.validate()  # torch's public spelling of _validate()
+        with dynamic.fresh_symbols_dropped(artifact.program):
+            artifact.program.validate()  # torch's public spelling of _validate()
     except Exception as exc:  # the verifier raises several exception types
         return Violation(f"the ExportedProgram verifier failed: {type(exc).__name__}: {exc}")
     return None
+
+
+@invariant("a pass re-ran data-dependent ops on the program's fake values without binding their sizes; "
+           "run it under `fresh_symbols_dropped`, or give the node that makes the size its `unbacked_bindings`")
+def no_pending_unbacked_symbols(artifact) -> Violation | None:
+    pending = {str(s) for s in dynamic.pending_unbacked_symbols(artifact.program)}
+    if not pending:
+        return None
+    holders = [n.name for n in artifact.program.graph.nodes if set(dynamic.symbols_held(n)) & pending]
+    where = f"held by {', '.join(holders)}" if holders else "no node binds or holds it"
+    return Violation(f"data-dependent size(s) {', '.join(sorted(pending))} left pending: {where}", tuple(holders))
 
 
 def _foreign_ops(artifact, dialect: str) -> Violation | None:

@@ -17,6 +17,7 @@ from executorch.exir.passes import MemoryPlanningPass
 
 from compiler.ir.artifacts import ExecutorchProgram, LoweredMethods, LoweredProgram
 from compiler.ir.placement import PlacementPlan
+from compiler.ir.dynamic import fresh_symbols_dropped
 from compiler.ir.errors import CompileError
 from compiler.ir.graph import copy_program, delegate_calls, state_not_starting_at_zero
 from compiler.ir.private_api import (
@@ -192,6 +193,7 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     with contextlib.ExitStack() as stack:
         for program in programs.values():
             stack.enter_context(delegate_outputs_from_call_sites(program.graph_module))
+            stack.enter_context(fresh_symbols_dropped(program))  # the copies share the lowered programs' ShapeEnv
         # The CPU's weights go to files as the emitter stores them, as the delegates' did in lower.
         stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES))
         stack.enter_context(data_dependent_strides_ordered())

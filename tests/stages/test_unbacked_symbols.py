@@ -117,3 +117,44 @@ def test_mlx_support_check_runs_with_symbolic_floats_hidden_and_the_rule_refuses
 def test_mlx_matches_eager_with_scalars_read_at_run_time(name):
     artifact, model, args = _compile(name, "mlx")
     assert _matches_eager(artifact, model, args)
+
+
+class MaskedByBuffer(torch.nn.Module):
+    """A bool buffer expanded to a mask: constant only once the Edge fold sees it, so ExecuTorch's
+    verifier (after decompose) re-runs the `nonzero` of an unfolded mask on fake values."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([False, True, True, False]).reshape(1, 4, 1))
+
+    def forward(self, x):
+        return x[self.keep.expand_as(x)] * 2
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_a_mask_constant_only_after_decompose_compiles_and_runs_right(backend):
+    model, x = MaskedByBuffer().eval(), torch.randn(1, 4, 8)
+    result = compiler.compile(model, (x,), backend, cache=False)
+    assert compiler.compare_with_eager(result, model, (torch.randn(1, 4, 8),)).passed
+
+
+def test_no_stage_leaves_a_fresh_symbol_that_no_node_binds():
+    """The verifier's fake re-run made `u9`; a later shape propagation raised on it."""
+    from compiler.ir.dynamic import pending_unbacked_symbols
+
+    result = compiler.compile(MaskedByBuffer().eval(), (torch.randn(1, 4, 8),), "portable", cache=False)
+    for name in ("capture", "decompose", "partition", "lower"):
+        assert pending_unbacked_symbols(getattr(result.stages, name).program) == [], name
+
+
+def test_a_fresh_symbol_left_pending_is_named_by_the_invariant():
+    from compiler.ir.artifacts import AtenProgram
+    from compiler.ir.dynamic import program_shape_env
+    from compiler.ir.errors import VerificationError
+    from compiler.ir.invariants import no_pending_unbacked_symbols
+
+    program = torch.export.export(MaskedByBuffer().eval(), (torch.randn(1, 4, 8),))
+    no_pending_unbacked_symbols.verify(AtenProgram(program))
+    program_shape_env(program).create_unbacked_symint()
+    with pytest.raises(VerificationError, match="no node binds"):
+        no_pending_unbacked_symbols.verify(AtenProgram(program))
