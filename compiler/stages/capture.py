@@ -167,8 +167,13 @@ def has_transform_regions(ep: ExportedProgram) -> bool:
     return any(n.op == "call_function" and n.target in TRANSFORM_MARKERS for n in ep.graph.nodes)
 
 
-def inline_transform_regions(ep: ExportedProgram) -> ExportedProgram:
-    """Retrace `ep` with no decompositions (vmap's batching rules run); views become reshapes."""
+def has_autocast_regions(ep: ExportedProgram) -> bool:
+    return any(n.op == "call_function" and n.target is torch.ops.higher_order.wrap_with_autocast for n in ep.graph.nodes)
+
+
+def inline_regions(ep: ExportedProgram) -> ExportedProgram:
+    """Retrace `ep` with no decompositions (vmap's batching rules run, an autocast region's casts
+    become explicit); views become reshapes."""
     with torch.no_grad():
         retraced = ep.run_decompositions({})
     for node in retraced.graph.nodes:
@@ -406,6 +411,7 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
         Metric("selects_by_tensor", "count", lambda n: f"rewrote {counted(n, 'select')} by a tensor value as index_select"),
         Metric("mutation_sources_cloned", "count", lambda n: f"cloned {counted(n, 'value')} a mutated buffer would share"),
         Metric("vmap_inlined", "flag", lambda _: "inlined vmap regions"),
+        Metric("autocast_inlined", "flag", lambda _: "inlined autocast regions with their casts"),
         Metric("views_owned", "count", lambda n: f"gave {counted(n, 'constant view')} its own storage"),
         Metric("constants_made_row_major", "count", lambda n: f"made {counted(n, 'constant')} row-major"),
         Metric("complex_as_pairs", "count",
@@ -427,8 +433,13 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
             raise _capture_error(model, exc) from exc
         _refuse_unbounded_sizes(program)
         return_types_as_tuples(program)
+        count = len(mutated_constants_as_buffers(program))  # before any retrace: torch refuses a written constant
+        if count:
+            ctx.metrics["constants_made_buffers"] = count
+        if has_autocast_regions(program):  # before the rewrites, which do not look inside a region
+            program = inline_regions(program)
+            ctx.metrics["autocast_inlined"] = True
         rewrites = (  # in this order, each in place; the metric counts what it rewrote
-            ("constants_made_buffers", lambda ep: len(mutated_constants_as_buffers(ep))),
             ("complex_as_pairs", complex_as_real_pairs),
             ("antialiased_resizes", antialiased_resizes_as_matmuls),
             ("selects_by_tensor", select_by_tensor),
@@ -439,7 +450,7 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
             if count:
                 ctx.metrics[metric] = count
         if has_transform_regions(program):
-            program = inline_transform_regions(program)
+            program = inline_regions(program)
             ctx.metrics["vmap_inlined"] = True
         views, restrided = own_model_constants(program)
         if views:

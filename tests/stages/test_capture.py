@@ -368,3 +368,60 @@ def test_example_inputs_that_share_storage_are_given_their_own():
     assert len(pointers) == 4
     assert all(torch.equal(t, base[: t.numel()]) for t in tensors)
     assert model.example_inputs[4] == 2
+
+
+class RotaryInFloat64(torch.nn.Module):
+    """A rotary embedding computed in float64 complex inside an autocast region that turns
+    autocast off, as video world-model policies write it; export keeps the region as a
+    `wrap_with_autocast` call whose complex ops the real-pair rewrite cannot see."""
+
+    def __init__(self):
+        super().__init__()
+        angles = torch.outer(torch.arange(4, dtype=torch.float64), 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
+            rotated = torch.view_as_real(pairs * self.freqs).flatten(-2)
+        return rotated.type_as(x)
+
+
+class MatmulInBfloat16(torch.nn.Module):
+    """An enabled autocast region: its matmul computes in bfloat16 as eager's does."""
+
+    def forward(self, x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = x @ y
+        return z.float() + 1
+
+
+class PolarInDisabledAutocast(torch.nn.Module):
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            angles = torch.arange(16, dtype=torch.float64).reshape(4, 4)
+            freqs = torch.polar(torch.ones(4, 4, dtype=torch.float64), angles)
+            pairs = torch.view_as_complex(x.double().reshape(4, 4, 2))
+            return torch.view_as_real(pairs * freqs).flatten(-2).float()
+
+
+AUTOCAST_CASES = {
+    "rotary-float64": (RotaryInFloat64, lambda: (torch.randn(2, 4, 8),)),
+    "polar-disabled": (PolarInDisabledAutocast, lambda: (torch.randn(4, 8),)),
+}
+
+
+@pytest.mark.parametrize("name", AUTOCAST_CASES)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_autocast_regions_are_inlined_with_their_casts_and_match_eager(name, backend):
+    """Stock 1.5.1 and we before: "[capture] the complex op wrap_with_autocast of flatten has no
+    real-pair form here", or decompose's "AssertionError: n=copy__3" for the polar one."""
+    import compiler
+
+    model, inputs = AUTOCAST_CASES[name]
+    program, metrics = _capture(model(), inputs())
+    assert metrics["autocast_inlined"]
+    assert not any(n.target is torch.ops.higher_order.wrap_with_autocast for n in program.graph.nodes)
+    result = compiler.compile(model(), inputs(), backend, cache=False)
+    check = compiler.compare_with_eager(result, model(), inputs())
+    assert check.passed, check.describe()
