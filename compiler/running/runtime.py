@@ -158,6 +158,17 @@ def _refuse_unplanned_sizes(leaves: Sequence[Any], bounds: list, method: str) ->
                 )
 
 
+def _written_inputs(program: Any) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Per method, (output position, input position) of each output that is an input's new value.
+    ExecuTorch writes a mutated user input back (`copy_` into the input) and returns it as a method
+    output ahead of the model's own: the same value slot in the plan's inputs and outputs."""
+    written = {}
+    for plan in program.execution_plan:
+        inputs = list(plan.inputs)
+        written[plan.name] = tuple((at, inputs.index(v)) for at, v in enumerate(plan.outputs) if v in inputs)
+    return written
+
+
 def _computed_dtype(program: Any) -> torch.dtype | None:
     from executorch.exir import schema
 
@@ -206,6 +217,7 @@ class LoadedProgram:
         # edges): what its CPU kernels take says nothing of what the program computes in.
         self.delegate_dtypes_unknown = any(_computes_its_own_dtype(d) for d in delegates)
         self._bounds = _input_bounds(deserialized)
+        self._written = _written_inputs(deserialized)
         runtime = Runtime.get()
         missing = sorted(d for d in delegates if not runtime.backend_registry.is_available(d))
         unrunnable = [d for d in missing if backends.delegate_runner(d) is None]
@@ -267,8 +279,17 @@ class LoadedProgram:
         leaves = list(pytree.tree_leaves(tuple(inputs)))
         _refuse_unplanned_sizes(leaves, self._bounds.get(method, []), method)
         # Cloned: an output may live in the program's planned memory, which the next run reuses.
-        outputs = self._execute(leaves, method)
-        return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
+        outputs = [t.clone() if isinstance(t, torch.Tensor) else t for t in self._execute(leaves, method)]
+        return _inputs_written_back(outputs, leaves, self._written.get(method, ()))
+
+
+def _inputs_written_back(outputs: list[Any], leaves: list[Any], written: tuple[tuple[int, int], ...]) -> list[Any]:
+    """The model's own outputs; each input the model writes gets its new value, as in eager."""
+    for at, given in written:
+        if isinstance(leaves[given], torch.Tensor):
+            leaves[given].copy_(outputs[at])
+    returned_inputs = {at for at, _ in written}
+    return [out for at, out in enumerate(outputs) if at not in returned_inputs]
 
 
 def _released(inputs: Sequence[Any], method: str) -> list[torch.Tensor]:
@@ -458,8 +479,28 @@ def _max_error(actual: Sequence[Any], expected: Sequence[torch.Tensor]) -> float
 
 
 def _eager(module: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """Eager's outputs on a copy of `inputs`: a model that writes its inputs leaves them as given."""
+    return _eager_writing(module, _cloned(inputs))
+
+
+def _eager_writing(module: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
     with torch.no_grad():
         return _tensors(module(*inputs))
+
+
+def _cloned(inputs: Sequence[Any]) -> tuple:
+    return pytree.tree_map_only(torch.Tensor, torch.clone, tuple(inputs))
+
+
+def _written_inputs_pairs(given: Sequence[Any], by_program: Sequence[Any], eager_given: Sequence[Any],
+                          by_eager: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(program's, eager's) new value of each input either side wrote: a model that writes an
+    input gives it to the user as it gives an output."""
+    leaves = [pytree.tree_leaves(tuple(values)) for values in (given, by_program, eager_given, by_eager)]
+    return [
+        (got, want) for before, got, eager_before, want in zip(*leaves, strict=True)
+        if isinstance(want, torch.Tensor) and not (torch.equal(before, got) and torch.equal(eager_before, want))
+    ]
 
 
 class _State:
@@ -618,7 +659,8 @@ def compare_at(
     model (a bfloat16 model the precision stage computes in float32), the model and inputs
     cast to it, the error against the model as given reported as the precision error."""
     loaded = LoadedProgram(program, weights)
-    actual = loaded(inputs)
+    run_on = _cloned(inputs)  # each side writes its own copy of inputs the model writes
+    actual = loaded(run_on)
     loaded.release()  # before the eager runs: the two are never held at once
     quantized = _quantized_model(program)
     model = quantized if quantized is not None else module
@@ -626,7 +668,8 @@ def compare_at(
     wider = wider_dtype(loaded.computes_in, model_dtype, loaded.delegate_dtypes_unknown)
     reference, reference_inputs = (model, tuple(inputs)) if wider is None else _in_dtype(program, model, inputs, wider)
     state = _State(reference, module, model)
-    expected = _eager(reference, reference_inputs)
+    written_by_eager = _cloned(reference_inputs)
+    expected = _eager_writing(reference, written_by_eager)
     state.first_run_done()
     if len(actual) != len(expected):
         raise UserInputError(
@@ -635,7 +678,8 @@ def compare_at(
         )
     max_abs = max_rel = largest = integer_error = 0.0
     per_output = []
-    for got, want in zip(actual, expected, strict=True):
+    written = _written_inputs_pairs(inputs, run_on, reference_inputs, written_by_eager)
+    for got, want in [*zip(actual, expected, strict=True), *written]:
         floating = want.is_floating_point() or want.is_complex()
         if got.shape != want.shape:
             raise UserInputError(f"output shape {tuple(got.shape)} differs from eager {tuple(want.shape)}")
@@ -667,7 +711,8 @@ def compare_at(
     state.leave()
     label = "the eager quantized model" if quantized is not None else "the eager model"
     return CheckResult(
-        max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None, tuple(per_output),
+        max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None,
+        tuple(per_output[: len(expected)]),  # the written inputs' errors count in the largest ones
         reference=label if wider is None else f"{label} in {_dtype_name(wider)}", **besides,
     )
 
