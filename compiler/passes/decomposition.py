@@ -178,6 +178,14 @@ def _layer_norm_in_float32(x, normalized_shape, weight=None, bias=None, eps=1e-5
     return out, mean.to(x.dtype), rstd.to(x.dtype)
 
 
+def _var_mean(self, dim=None, *, correction=None, keepdim=False):
+    """`var_mean` as its two core ops. torch's own decomposition is a prims reference whose
+    `prims.var` and `prims.broadcast_in_dim` no Edge program holds (training-mode batch norm and
+    `std_mean` make it: "'prims' object has no attribute 'broadcast_in_dim_copy'")."""
+    variance = torch.ops.aten.var.correction(self, dim, correction=correction, keepdim=keepdim)
+    return variance, torch.ops.aten.mean.dim(self, dim, keepdim)
+
+
 def _round_decimals(self, *, decimals=0):
     """`aten.round.decimals` as torch's kernel computes it, in the op-math dtype (float32 for
     float16/bfloat16): round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0.
@@ -297,6 +305,7 @@ _DECOMPOSED_HERE = {
     torch.ops.aten.remainder.Scalar: _floored_remainder,
     torch.ops.aten.median.default: _median,
     torch.ops.aten.median.dim: _median_dim,
+    torch.ops.aten.var_mean.correction: _var_mean,
     torch.ops.aten.native_layer_norm.default: _layer_norm_in_float32,
     **{op: _accumulating_in_float32(op) for op in (torch.ops.aten.var.correction, torch.ops.aten.cumsum.default)},
 }
