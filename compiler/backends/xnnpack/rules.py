@@ -49,6 +49,7 @@ from typing import Optional
 import torch
 from torch.export import ExportedProgram
 
+from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
 from executorch.backends.xnnpack.utils.quant_utils import (
     extract_qdq_affine_op_args_for_decomposed_ops,
     is_dynamic_qdq,
@@ -487,6 +488,21 @@ def reads_a_dynamic_size(node: torch.fx.Node, ctx=None) -> Optional[str]:
     return (
         f"XNNPACK takes the sizes an op is given as numbers fixed at compile time, and this op is given "
         f"the dynamic size {dynamic.describe_sizes(node.graph, symbols)}"
+    )
+
+
+@RULES.refuses(f"a tensor of more than {XNN_MAX_TENSOR_DIMS} dimensions: the runtime refuses the program at load")
+def too_many_dimensions(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """XNNPACK defines tensors of at most XNN_MAX_TENSOR_DIMS dimensions; stock's configs do not
+    check it, so a video patchify's 7-D view was delegated and the program failed to load
+    ("Failed to define tensor 0 with code: xnn_status_unsupported_parameter")."""
+    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    ranks = [v.dim() for v in values if isinstance(v, torch.Tensor)]
+    if not ranks or max(ranks) <= XNN_MAX_TENSOR_DIMS:
+        return None
+    return (
+        f"XNNPACK takes tensors of at most {XNN_MAX_TENSOR_DIMS} dimensions, and this op reads or makes a "
+        f"{max(ranks)}-D one; merge dimensions in the model (reshape) to delegate it"
     )
 
 

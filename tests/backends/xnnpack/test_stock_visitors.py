@@ -36,6 +36,8 @@ class Op(torch.nn.Module):
             return F.max_pool2d(x, 2)
         if self.name == "prelu_3d":
             return F.prelu(x, self.w)
+        if self.name == "patchify_7d":  # a video's patches: (batch, channels, time, h, ph, w, pw)
+            return x.reshape(1, 3, 1, 4, 2, 4, 2) * 2
         raise ValueError(self.name)
 
 
@@ -49,6 +51,7 @@ def _case(name: str):
         "max_dim_last": (Op(name), r(1, 2, 3, 4)),
         "max_pool_unbatched": (Op(name), r(2, 6, 6)),
         "prelu_3d": (Op(name, w=torch.rand(3)), r(2, 3, 5)),
+        "patchify_7d": (Op(name), r(1, 3, 64)),
     }[name]
 
 
@@ -60,6 +63,7 @@ STOCK = {
     "max_dim_last": "only supports dim == 2 or dim == 3",  # op_max_dim.py
     "max_pool_unbatched": "non-NHWC compatible node",  # ChannelsLastTaggedReshapePass: 4-D only
     "prelu_3d": "non-NHWC compatible node",
+    "patchify_7d": "Failed to load method forward",  # XNNPACK defines tensors of at most 6 dimensions
 }
 
 
