@@ -476,6 +476,21 @@ def _index_put_at_one_axis(original: Converter) -> Converter:
     return convert
 
 
+def _bool_data_stays_bool(original: Converter) -> Converter:
+    """An index_put into bool data gives bool data. coremltools scatters bool data as int32 (its
+    scatter_nd takes no bool) and never casts back: a mask written so, then indexed by, was
+    read as integer positions (`a[:, mask]` came out (1, 8, 3) where torch's is (1, 6, 3))."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        original(context, node)
+        result = context[node.name]
+        if types.is_bool(context[node.inputs[0]].dtype) and not types.is_bool(result.dtype):
+            context.add(mb.cast(x=result, dtype="bool", name=f"{node.name}_as_bool"), torch_name=node.name, override=True)
+
+    return convert
+
+
 # --- outputs that alias inputs ------------------------------------------------------
 
 
@@ -512,7 +527,7 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
             fixes[name] = _stable_log_softmax
     for name in ("reciprocal", "rsqrt", "log", "log2", "log10"):
         fixes[name] = _without_default_epsilon
-    fixes["index_put"] = _index_put_at_one_axis
+    fixes["index_put"] = lambda f: _bool_data_stays_bool(_index_put_at_one_axis(f))
     return fixes
 
 

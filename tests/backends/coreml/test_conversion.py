@@ -166,3 +166,23 @@ def test_a_max_pool_without_stride_gets_its_kernel_size():
     (ours,) = models(artifact)
     pools = ours.ops_of_type("max_pool")
     assert sorted((op.constants["kernel_sizes"], op.constants["strides"]) for op in pools) == [(2, 2), (3, 3)]
+
+
+class MaskWrittenThenRead(nn.Module):
+    """A bool mask written by positions, then read by: coremltools scatters bool data as int32
+    and left it int32, so the read gathered rows 0 and 1 by the mask's values: (1, 8, 3)."""
+
+    def forward(self, a):
+        mask = torch.zeros(8, dtype=torch.bool)
+        mask[[0, 1, 2, 3, 4, 5]] = True
+        return a[:, mask] * 2
+
+
+def test_an_index_put_into_bool_data_gives_bool_data():
+    model, inputs = MaskWrittenThenRead(), (torch.randn(1, 8, 3),)
+    assert "must have the same data type" in stock_error(model, inputs)  # stock fills the mask as float
+    artifact = compile_coreml(model, inputs)
+    (ours,) = models(artifact)
+    assert _output_dtype(ours, "aten_index_put_default") == "int32"  # coremltools' scatter
+    assert _output_dtype(ours, "aten_index_put_default_as_bool") == "bool"
+    assert_matches_eager(artifact, model, inputs)
