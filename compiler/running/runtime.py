@@ -160,12 +160,22 @@ def _refuse_unplanned_sizes(leaves: Sequence[Any], bounds: list, method: str) ->
 
 def _written_inputs(program: Any) -> dict[str, tuple[tuple[int, int], ...]]:
     """Per method, (output position, input position) of each output that is an input's new value.
-    ExecuTorch writes a mutated user input back (`copy_` into the input) and returns it as a method
-    output ahead of the model's own: the same value slot in the plan's inputs and outputs."""
+    ExecuTorch writes a mutated user input back (`aten::copy_` into the input's value slot) and
+    returns that slot as a method output ahead of the model's own; a program returning an input
+    unchanged returns its slot too, but writes nothing into it."""
+    from executorch.exir import schema
+
     written = {}
     for plan in program.execution_plan:
         inputs = list(plan.inputs)
-        written[plan.name] = tuple((at, inputs.index(v)) for at, v in enumerate(plan.outputs) if v in inputs)
+        copies = {
+            call.args[0]
+            for chain in plan.chains for call in (i.instr_args for i in chain.instructions)
+            if isinstance(call, schema.KernelCall) and plan.operators[call.op_index].name == "aten::copy_"
+        }
+        written[plan.name] = tuple(
+            (at, inputs.index(v)) for at, v in enumerate(plan.outputs) if v in inputs and v in copies
+        )
     return written
 
 
