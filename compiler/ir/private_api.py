@@ -312,6 +312,10 @@ def delegate_outputs_from_call_sites(graph_module: Any) -> Iterator[None]:
         return value
 
     def static(value: Any) -> bool:
+        """No symbol in it: comparing a symbol with another guards on it, which a data-dependent
+        size refuses (a delegate given `u8` at lowering and `u10` at emit's retrace)."""
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return False
         return not isinstance(value, torch.Tensor) or not any(
             isinstance(n, torch.SymInt) for n in (*value.shape, *value.stride())
         )
@@ -350,7 +354,8 @@ def delegate_outputs_from_call_sites(graph_module: Any) -> Iterator[None]:
 
     def from_call_site(lowered_module: Any, *args: Any) -> Any:
         known = recorded.get(id(lowered_module))
-        if known is None or pytree.tree_map(metadata, list(args)) != known[0]:
+        given = list(args)
+        if known is None or not all(static(v) for v in pytree.tree_leaves(given)) or pytree.tree_map(metadata, given) != known[0]:
             return stock(lowered_module, *args)
         return pytree.tree_map_only(
             torch.Tensor,

@@ -71,3 +71,20 @@ def test_a_program_that_does_not_write_the_input_fails_the_check():
     result = compiler.compile(CopiesNoise(), _noise_inputs(), "portable", cache=False)
     check = compiler.compare_with_eager(result, WritesNoise(), _noise_inputs())
     assert not check.passed
+
+
+class ZeroesMaskedColumns(torch.nn.Module):
+    """A bool mask written by positions, then the input's masked columns zeroed in place."""
+
+    def forward(self, a):
+        mask = torch.zeros(8, dtype=torch.bool)
+        mask[[0, 1, 2, 3, 4, 5]] = True
+        a[:, mask] *= 0
+        return a * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_masked_write_into_the_input_runs_as_eager(backend):
+    result = compiler.compile(ZeroesMaskedColumns(), (torch.randn(1, 8, 3),), backend, cache=False)
+    check = compiler.compare_with_eager(result, ZeroesMaskedColumns(), (torch.randn(1, 8, 3),))
+    assert check.passed, check.describe()
