@@ -451,6 +451,17 @@ def _model_dtype(module: Any, inputs: Sequence[Any]) -> torch.dtype:
     return _least_precise(t.dtype for t in held) or _least_precise(t.dtype for t in _tensors(inputs)) or torch.float32
 
 
+def _captured_dtype(program: Any) -> torch.dtype | None:
+    """The least precise floating dtype a compiled model computes a value in (an autocast region's
+    bfloat16 matmul in a float32 model), where the compile's captured program is at hand: a
+    delegate may compute it more precisely, and the check then allows that precision's rounding."""
+    captured = getattr(getattr(program, "stages", None), "capture", None)
+    if captured is None:
+        return None
+    values = (n.meta.get("val") for n in captured.program.graph.nodes if n.op == "call_function")
+    return _least_precise(leaf.dtype for v in values for leaf in pytree.tree_leaves(v) if isinstance(leaf, torch.Tensor))
+
+
 def cast_copy(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
     """A copy of the model and the inputs with every floating tensor in `dtype`."""
     import copy
@@ -706,7 +717,7 @@ def compare_at(
         per_output.append((output_abs, output_rel))
     chosen = (
         Tolerance.given(tolerance) if tolerance is not None
-        else default_tolerance(loaded, wider or model_dtype, actual, largest)
+        else default_tolerance(loaded, wider or _least_precise([model_dtype, _captured_dtype(program)]), actual, largest)
     )
     if tolerance is None and quantizes_activations(reference):
         steps = activation_steps(reference, reference_inputs, expected, state.rewind)

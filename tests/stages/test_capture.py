@@ -408,6 +408,7 @@ class PolarInDisabledAutocast(torch.nn.Module):
 AUTOCAST_CASES = {
     "rotary-float64": (RotaryInFloat64, lambda: (torch.randn(2, 4, 8),)),
     "polar-disabled": (PolarInDisabledAutocast, lambda: (torch.randn(4, 8),)),
+    "matmul-bfloat16": (MatmulInBfloat16, lambda: (torch.randn(4, 8), torch.randn(8, 4))),
 }
 
 
