@@ -201,7 +201,9 @@ class LoweredProgram(_ExportedArtifact):
     preserved_ops: tuple[str, ...] = ()
 
     dialect: ClassVar[str] = EDGE
-    invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (inv.cpu_ops_have_kernels, inv.delegate_payloads_pass_their_backend_checks)
+    invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (
+        inv.cpu_ops_have_kernels, inv.delegate_payloads_pass_their_backend_checks, inv.delegates_within_rank_limits,
+    )
 
     def stats(self) -> ProgramStats:
         cpu = sum(1 for _ in op_nodes(self.program))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Hashable, Iterator
 
 import attrs
 import torch
+from torch.utils import _pytree as pytree
 from torch.export.graph_signature import InputKind
 
 from compiler.ir import dynamic
@@ -400,6 +401,32 @@ def delegate_payloads_pass_their_backend_checks(artifact) -> Violation | None:
             if found and means not in meanings:
                 meanings.append(means)
     return _violation_if_any(bad, "; ".join(meanings))
+
+
+_RANK_LIMITS: dict[str, int] = {}
+
+
+def register_rank_limit(backend_id: str, limit: int) -> None:
+    """The most dimensions a tensor inside the backend's payloads may have (its runtime refuses more)."""
+    _RANK_LIMITS[backend_id] = limit
+
+
+@invariant("a refusal rule let an op over the backend's tensor rank through; keep such ops on the CPU")
+def delegates_within_rank_limits(artifact) -> Violation | None:
+    """A payload holding a tensor of more dimensions than its runtime defines fails only at load
+    on the device ("Failed to define tensor ... xnn_status_unsupported_parameter")."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    over = []
+    for name, module in artifact.program.graph_module.named_children():
+        limit = _RANK_LIMITS.get(getattr(module, "backend_id", None)) if isinstance(module, LoweredBackendModule) else None
+        if limit is None:
+            continue
+        for node in module.original_module.graph.nodes:
+            ranks = [v.dim() for v in pytree.tree_leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+            if ranks and max(ranks) > limit:
+                over.append(f"{name}: {node.name} ({max(ranks)}-D, {module.backend_id} takes {limit})")
+    return _violation_if_any(over, "a delegate holds a tensor of more dimensions than its runtime takes")
 
 
 # --- a stage leaves its input as it was -------------------------------------------------------

@@ -61,6 +61,7 @@ from compiler.backends.xnnpack import fixes
 from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError
+from compiler.ir.invariants import register_rank_limit
 from compiler.ir.graph import lift_constant
 from compiler.ir.private_api import edge_ops
 
@@ -489,6 +490,9 @@ def reads_a_dynamic_size(node: torch.fx.Node, ctx=None) -> Optional[str]:
         f"XNNPACK takes the sizes an op is given as numbers fixed at compile time, and this op is given "
         f"the dynamic size {dynamic.describe_sizes(node.graph, symbols)}"
     )
+
+
+register_rank_limit("XnnpackBackend", XNN_MAX_TENSOR_DIMS)  # the invariant behind the rule below
 
 
 @RULES.refuses(f"a tensor of more than {XNN_MAX_TENSOR_DIMS} dimensions: the runtime refuses the program at load")

@@ -99,3 +99,18 @@ def test_stock_is_wrong_and_we_are_right(name):
         assert wrong
     (got,) = compiler.run(compiler.compile(model, (x,), "xnnpack"), (x,))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_delegate_over_xnnpacks_rank_fails_verification_naming_the_node():
+    """Without the rule, the invariant after lower names the 7-D node before any .pte is written."""
+    from compiler.backends.xnnpack import rules
+    from compiler.ir.errors import StageFailure, VerificationError
+
+    model, x = _case("patchify_7d")
+    rules.RULES.rules, kept = [r for r in rules.RULES.rules if r.name != "too_many_dimensions"], rules.RULES.rules
+    try:
+        with pytest.raises((VerificationError, StageFailure), match="delegates_within_rank_limits") as failure:
+            compiler.compile(model, (x,), "xnnpack", cache=False)
+    finally:
+        rules.RULES.rules = kept
+    assert "7-D, XnnpackBackend takes 6" in str(failure.value)
