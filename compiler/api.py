@@ -7,6 +7,7 @@ ExportSession keeps each stage's output.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from compiler.ir.artifacts import EagerModel, ExecutorchProgram, StageArtifacts
     from compiler.reporting.report import Override, Report
     from compiler.driver.stage_files import StageFile
+    from compiler.running.runtime import EagerReference
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,39 @@ class CompileResult(_SavesProgram):
         from compiler.running.runtime import run
 
         return run(self.program, inputs)
+
+    def eager_reference(self, module: torch.nn.Module) -> "EagerReference":
+        """What a check compares this program with, the same whichever stages the run kept (a stage
+        cache hit keeps none after capture): the eager quantized model of a compile that quantized,
+        else `module`; and for a program computing wider than its model, that model as the
+        precision stage makes it compute. A module this run did not compile is cast instead."""
+        from compiler.running.runtime import EagerReference
+
+        quantize = self.stages.quantize
+        quantized = quantize is not None and quantize.float_module is not None
+        if quantize is None or not (quantized or quantize.module is module):
+            return EagerReference(module)
+        precision = functools.cache(self._precision_program)
+        return EagerReference(quantize.module, quantized, lambda dtype: precision().module())
+
+    def _precision_program(self) -> torch.export.ExportedProgram:
+        """The precision stage's program of this run: its own, else made again (unverified) from the
+        latest stage the run kept before it, as the stage ran then."""
+        from compiler.driver.config import DriverOptions
+        from compiler.driver.instruments import instruments_for
+        from compiler.driver.pipeline import Pipeline
+        from compiler.stages import STAGE_NAMES, default_stages
+
+        if self.stages.precision is not None:
+            return self.stages.precision.program
+        start = next(name for name in reversed(STAGE_NAMES[: STAGE_NAMES.index("precision")]) if name in self.stages)
+        with DependencyOutput() as output:
+            made = Pipeline(default_stages()).execute(
+                self.stages[start], backends.resolve(self.config.backend, self.config.backend_options), self.config,
+                instruments_for(DriverOptions(verify=False)), start_after=start, stop_after="precision",
+            )
+        logger.debug("making the precision stage's program again printed: %s", output.leftover)
+        return made.artifact.program
 
     def at_float32(self) -> "CompileResult | None":
         """The same program partitioned and lowered again computing in float32, for a program
@@ -368,6 +403,41 @@ def with_quantized_model(
     module, _ = quantize_model(eager, options, result.config.backend)
     quantized = attrs.evolve(eager, module=module, float_module=model)
     return attrs.evolve(result, stages={**result.stages, "quantize": quantized})
+
+
+def program_reference(
+    program: str | os.PathLike, model: torch.nn.Module, example_inputs: Any, dynamic_shapes: Any = None,
+    calibration: Any = None,
+) -> "EagerReference":
+    """What a check of the `.pte` at `program` compares it with, as its compile's check did
+    (`CompileResult.eager_reference`): a program that records its configuration (one that
+    quantized) is compared with `model` quantized again by it; another with `model`, computing
+    where the program computes wider as the precision stage makes a program compute in that dtype.
+    Static schemes need the same `calibration` as the compile."""
+    from compiler.ir.program_data import ProgramData, flatbuffer_program, recorded_config
+    from compiler.running.runtime import EagerReference
+
+    recorded = recorded_config(flatbuffer_program(ProgramData(path=os.fspath(program), owned=False)))
+    if recorded is not None:
+        config = CompileConfig.from_json(recorded)
+        return _through_quantize(model, example_inputs, dynamic_shapes, calibration, config).eager_reference(model)
+
+    @functools.cache
+    def in_precision(dtype: torch.dtype) -> EagerReference:
+        config = CompileConfig().with_options({"precision": str(dtype).removeprefix("torch.")})
+        return _through_quantize(model, example_inputs, dynamic_shapes, calibration, config).eager_reference(model)
+
+    return EagerReference(model, widened=lambda dtype: in_precision(dtype).widened(dtype))
+
+
+def _through_quantize(model: torch.nn.Module, example_inputs: Any, dynamic_shapes: Any, calibration: Any,
+                      config: CompileConfig) -> CompileResult:
+    """`model` through the quantize stage of `config` (unverified, uncached): where the stages a
+    check's reference is made by start."""
+    return compile(
+        model, example_inputs, dynamic_shapes=dynamic_shapes, calibration=calibration, config=config,
+        stop_after="quantize", cache=False, reproducer=False, memory_check=False, verify=False,
+    )
 
 
 def _stage_cache(driving: DriverOptions, given_backend: Backend | None) -> StageCache | None:

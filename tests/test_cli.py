@@ -82,6 +82,54 @@ def test_stop_after_and_resume_from_the_command_line(capsys, tmp_path):
     assert "lower" in out and "OK" in out
 
 
+def _check_raising(monkeypatch, exception: BaseException) -> None:
+    """The compile's check raises `exception`, as a bug in it would (issue 54's dtype crash did)."""
+    from compiler.running import runtime
+
+    def check(*args, **kwargs):
+        raise exception
+
+    monkeypatch.setattr(runtime, "compare_with_eager", check)
+
+
+def test_a_crash_exits_2_with_one_line_naming_where_it_crashed(capsys, monkeypatch):
+    # It left main() with its 118-line traceback, and Python's exit 1: the code of a failed check.
+    _check_raising(monkeypatch, RuntimeError("expected m1 and m2 to have the same dtype\n(its second line)"))
+    assert main(["compile", "mlp", "--check", "--no-cache", "-q"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: crashed while checking against eager: RuntimeError: expected m1 and m2 to have the same dtype "
+        "(--traceback shows where)"
+    ]
+    assert main(["compile", "mlp", "--check", "--no-cache", "-q", "--traceback"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "Traceback (most recent call last):" and err[-1].startswith("error: crashed while checking")
+
+
+def _interrupted(argv: list[str]) -> int:
+    """main()'s exit code when Ctrl-C stops it (a KeyboardInterrupt leaving it fails the test, not the session)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left main() as a KeyboardInterrupt, with its traceback")
+
+
+def test_ctrl_c_says_so_in_one_line_and_exits_130(capsys, monkeypatch):
+    _check_raising(monkeypatch, KeyboardInterrupt())
+    assert _interrupted(["compile", "mlp", "--check", "--no-cache", "-q"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["interrupted while checking against eager"]
+
+
+def test_ctrl_c_in_a_stage_names_the_stage(capsys, monkeypatch):
+    from compiler.stages.fold import Fold
+
+    def interrupted(self, program, ctx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Fold, "apply", interrupted)
+    assert _interrupted(["compile", "mlp", "--no-cache"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "interrupted while running stage fold"
+
+
 def test_console_entry_point_runs_as_module():
     done = subprocess.run(
         [sys.executable, "-m", "compiler", "compile", "nosuchmodel"], capture_output=True, text=True

@@ -25,6 +25,7 @@ def add_parsers(commands, talk: argparse.ArgumentParser) -> None:
     flags.add_task_flag(run_cmd)
     flags.add_dynamic_dim_flag(run_cmd, "the comparison")
     flags.add_tolerance_flag(run_cmd, "the comparison")
+    flags.add_calibration_flags(run_cmd, "the static quantize scheme the program records (those its compile took)")
     run_cmd.add_argument(
         "--weights", metavar="FILE.ptd",
         help="the program's data file, when it is not beside it as PROGRAM.ptd (one share-weights wrote)",
@@ -114,8 +115,16 @@ def _run(args: argparse.Namespace, terminal: Terminal) -> int:
         shapes = api.model_dynamic_shapes(args.model, module, inputs, own, args.dynamic_dim)
     if args.weights is not None and not os.path.isfile(args.weights):
         raise UserInputError(f"--weights {args.weights!r} does not exist", hint="give the path of a .ptd file")
+    from compiler.tools.compile_job import calibration_inputs
+
+    calibration = terminal.quietly("reading the calibration inputs", calibration_inputs, args.model, args.calibration,
+                                   args.calibration_draws)
+    # Compared as its compile's check compared it: with the model quantized by the configuration it records.
+    reference = terminal.quietly("quantizing the model as the program records", api.program_reference, args.program,
+                                 module, inputs, shapes, calibration)
     check = terminal.quietly("running the program and eager", runtime.compare_with_eager, args.program, module,
-                             inputs, tolerance=args.tolerance, dynamic_shapes=shapes, weights=args.weights)
+                             inputs, tolerance=args.tolerance, dynamic_shapes=shapes, weights=args.weights,
+                             reference=reference)
     terminal.check(check)
     if terminal.verbosity >= 1:
         print_messages(terminal, [])

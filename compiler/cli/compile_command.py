@@ -28,16 +28,7 @@ def add_parser(commands, talk: argparse.ArgumentParser) -> None:
         help="write the .pte here (with --stop-after: the stage file); without it nothing is written",
     )
     flags.add_option_flags(command)
-    calibration = command.add_mutually_exclusive_group()
-    calibration.add_argument(
-        "--calibration", metavar="FILE",
-        help="calibration inputs for a static --quantize scheme: a torch.save'd list of input tuples",
-    )
-    calibration.add_argument(
-        "--calibration-draws", type=int, metavar="N",
-        help="calibrate on N draws of inputs from the model factory (one that takes a seed keyword, as the "
-        "built-in models do)",
-    )
+    flags.add_calibration_flags(command, "a static --quantize scheme")
     flags.add_dynamic_dim_flag(command, "--check")
     command.add_argument("--check", action="store_true", help="run the .pte and compare with eager PyTorch")
     flags.add_tolerance_flag(command, "--check")

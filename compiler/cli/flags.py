@@ -64,6 +64,19 @@ def add_dynamic_dim_flag(parser: argparse.ArgumentParser, check: str) -> None:
     )
 
 
+def add_calibration_flags(command: argparse.ArgumentParser, scheme: str) -> None:
+    calibration = command.add_mutually_exclusive_group()
+    calibration.add_argument(
+        "--calibration", metavar="FILE",
+        help=f"calibration inputs for {scheme}: a torch.save'd list of input tuples",
+    )
+    calibration.add_argument(
+        "--calibration-draws", type=int, metavar="N",
+        help="calibrate on N draws of inputs from the model factory (one that takes a seed keyword, as the "
+        "built-in models do)",
+    )
+
+
 def add_task_flag(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--task", choices=catalog.TASKS,

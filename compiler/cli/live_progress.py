@@ -37,6 +37,7 @@ class LiveProgress(Instrument):
         self._task: TaskID | None = None
         self._token: contextvars.Token | None = None
         self._start = 0.0
+        self.running: str | None = None  # the stage running now (None between stages)
 
     def before_pipeline(self, config, stages, artifact):
         self.stages = stages
@@ -54,6 +55,7 @@ class LiveProgress(Instrument):
             self._progress.start()
 
     def before_stage(self, stage, artifact):
+        self.running = stage
         self._start = time.perf_counter()
         self._token = progress.listen(self._step)
         if self._progress:
@@ -68,6 +70,7 @@ class LiveProgress(Instrument):
             self._progress.update(self._task, step=shown)
 
     def _end_stage(self, stage: str, outcome: str) -> None:
+        self.running = None
         if self._token is not None:
             progress.stop_listening(self._token)
             self._token = None
@@ -83,12 +86,14 @@ class LiveProgress(Instrument):
 
     def on_failure(self, stage, artifact, error):
         self._end_stage(stage, "[red]failed[/]" if self.live else "failed")
-        self._stop()
+        self.stop()
 
     def after_pipeline(self, result):
-        self._stop()
+        self.stop()
 
-    def _stop(self) -> None:
+    def stop(self) -> None:
+        """Ends the live display, once: also when the run was interrupted, so the terminal gets its
+        cursor back."""
         if self._progress:
             self._progress.stop()
             self._progress = None

@@ -67,5 +67,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             stage = [(f"compiling (stage {error.stage})", error.dependency_messages)] if error.stage else []
             print_messages(terminal, stage)
         return 2
+    except KeyboardInterrupt:
+        terminal.stop_progress()
+        terminal.err.print(f"interrupted while {_phase(terminal, args)}", highlight=False, markup=False)
+        return 130
+    except Exception as crash:  # a bug (ours or a dependency's), not a failed check: one line, exit 2
+        terminal.stop_progress()
+        if args.traceback:
+            traceback.print_exc(file=terminal.err.file)
+        terminal.err.print(f"error: {_crash_line(crash, _phase(terminal, args), args.traceback)}", highlight=False,
+                           markup=False)
+        return 2
     finally:
         terminal.close()
+
+
+def _phase(terminal: Terminal, args: argparse.Namespace) -> str:
+    """What the command was doing when an exception left it: the step it left, else the command."""
+    return terminal.phase() or f"running {args.command}"
+
+
+def _crash_line(crash: Exception, phase: str, traced: bool) -> str:
+    """A crash as one line: where, the exception and its message's first line."""
+    message = str(crash).strip().splitlines()
+    where = "" if traced else " (--traceback shows where)"
+    return f"crashed while {phase}: {type(crash).__name__}{': ' + message[0] if message else ''}{where}"

@@ -30,6 +30,8 @@ class Terminal:
         # Off a terminal (a pipe, a file) table rows are never wrapped, so each stays one line to grep.
         self.out = Console(file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
         self.messages: list[tuple[str, tuple[str, ...]]] = []  # (while doing what, lines) captured outside stages
+        self.failed_while: str | None = None  # the step outside the stages an exception left
+        self.progress: list = []  # the live progress of the stages (`instruments`)
 
     def close(self) -> None:
         """Gives back our logger and closes the duplicate of stderr (main() may run many times in
@@ -50,9 +52,14 @@ class Terminal:
             self.out.print(check.describe(), highlight=False, markup=False)
 
     def quietly(self, doing: str, work, *args, **kwargs):
-        """Runs `work` under a status line with the dependencies' output captured (shown with -v)."""
-        with self.captured(doing), self.err.status(doing) if self.live and self.verbosity >= 0 else contextlib.nullcontext():
-            return work(*args, **kwargs)
+        """Runs `work` under a status line with the dependencies' output captured (shown with -v);
+        an exception leaving it is said to have left `doing` (the innermost step it left)."""
+        try:
+            with self.captured(doing), self.err.status(doing) if self.live and self.verbosity >= 0 else contextlib.nullcontext():
+                return work(*args, **kwargs)
+        except BaseException:
+            self.failed_while = self.failed_while or doing
+            raise
 
     @contextlib.contextmanager
     def captured(self, doing: str):
@@ -70,7 +77,18 @@ class Terminal:
         """The live progress of the stages, unless -q."""
         from compiler.cli.live_progress import LiveProgress
 
-        return [LiveProgress(self.err, self.live)] if self.verbosity >= 0 else []
+        self.progress = [LiveProgress(self.err, self.live)] if self.verbosity >= 0 else []
+        return list(self.progress)
+
+    def phase(self) -> str | None:
+        """Where an exception left the command: the step outside the stages it left, else the stage
+        that was running (known only while the stages' progress is shown)."""
+        running = next((f"running stage {p.running}" for p in self.progress if p.running), None)
+        return self.failed_while or running
+
+    def stop_progress(self) -> None:
+        for progress in self.progress:
+            progress.stop()
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         if self.verbosity < 0:

@@ -21,6 +21,7 @@ import base64
 import dataclasses
 import enum
 import importlib
+import json
 from typing import Any, Iterator, Mapping, TextIO
 
 import attrs
@@ -59,6 +60,17 @@ class CompileConfig:
         """Buffers another method of the program writes (`compile_methods` sets them as the option
         `partition_program_state`): no stage may read them as constants, so every stage is told."""
         return frozenset(self.partition.program_state)
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether the quantize stage quantizes: by a scheme, or embedding tables alone."""
+        return self.quantize.scheme is not None or self.quantize.embedding is not None
+
+    def program_record(self) -> str | None:
+        """This configuration as the emitted program records it (JSON), for a compile that
+        quantizes: a check of the program alone (`run`) quantizes the model again by it. None
+        for one that does not, whose check needs nothing the model does not say."""
+        return json.dumps(self.to_json(), sort_keys=True) if self.quantizes else None
 
     def options_for(self, stage: str) -> Any:
         """The typed options of `stage` (an empty `NoOptions` for stages that take none)."""

@@ -96,6 +96,7 @@ class Pipeline:
             records: list[StageRecord] = []
             artifacts: dict[str, Any] = {}
             cached: CacheRun | None = None
+            recorded = config.program_record()
             for stage in self.stages[start : stop + 1]:
                 skipped = cached.skip(stage.name) if cached is not None else None
                 if skipped is not None:  # the cache holds this stage's output or a later one's
@@ -105,7 +106,7 @@ class Pipeline:
                     continue
                 ctx = StageContext(
                     backend, config.options_for(stage.name), dependency_checks=dependency_checks,
-                    program_state=config.program_state,
+                    program_state=config.program_state, recorded_config=recorded,
                 )
                 artifact = self._run_stage(stage, artifact, ctx, instruments)
                 record = _stage_record(stage, ctx.metrics, instruments)

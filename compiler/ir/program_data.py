@@ -172,3 +172,19 @@ def flatbuffer_program(data: ProgramData) -> Any:
     what it calls is read without reading its weights."""
     size = pte_program_bytes(data.head(_HEADER_BYTES))
     return pte_program_only(data.head(size) if size is not None else data.read())
+
+
+# The constant method in which a quantized program records the configuration it was compiled
+# with (JSON): checking the program later (`run`) quantizes the model again by it.
+CONFIG_METHOD = "staged_compiler_config"
+
+
+def recorded_config(flatbuffer: Any) -> dict | None:
+    """The configuration a program records (`CONFIG_METHOD`), as JSON data; None when it records
+    none (a program that did not quantize, or one built elsewhere)."""
+    import json
+
+    for plan in flatbuffer.execution_plan:
+        if plan.name == CONFIG_METHOD and len(plan.outputs) == 1:
+            return json.loads(plan.values[plan.outputs[0]].val.string_val)
+    return None

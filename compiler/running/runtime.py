@@ -6,7 +6,7 @@ import gc
 import os
 import pathlib
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import torch
@@ -477,21 +477,31 @@ def cast_copy(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype
     return copied, cast
 
 
-def _in_dtype(program: Any, model: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[Any, tuple]:
-    """The eager model computing in `dtype`: for the model the program was compiled from, the
-    precision stage's own program run eagerly (its casts inside the model rewritten too: a cast
-    module would still round through them, and mix dtypes); else the model and inputs cast."""
-    stages = getattr(program, "stages", None)  # a CompileResult's StageArtifacts
-    compiled, precision = getattr(stages, "quantize", None), getattr(stages, "precision", None)
-    if compiled is not None and precision is not None and compiled.module is model:
-        return precision.program.module(), tuple(inputs)
-    return cast_copy(model, inputs, dtype)
+@attrs.frozen
+class EagerReference:
+    """What a check compares a program with: `model`, the eager model the program computes (the
+    eager quantized model of a program that quantized: `quantized`), and `widened(dtype)`, that
+    model computing in the wider dtype the program computes in as the precision stage makes a
+    program compute (its program, run eagerly: a cast module would still round through the casts
+    inside it, and mix dtypes). The layers that run stages give `widened`
+    (`CompileResult.eager_reference`); without it the model and its inputs are cast."""
+
+    model: Any
+    quantized: bool = False
+    widened: Callable[[torch.dtype], torch.nn.Module] | None = None
+
+    def in_dtype(self, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[Any, tuple]:
+        """The model computing in `dtype`, and the inputs it takes."""
+        if self.widened is not None:
+            return self.widened(dtype), tuple(inputs)
+        return cast_copy(self.model, inputs, dtype)
 
 
-def _quantized_model(program: Any) -> torch.nn.Module | None:
-    """The eager quantized model of a CompileResult whose quantize stage quantized (else None)."""
-    quantized = (getattr(program, "stages", None) or {}).get("quantize")
-    return quantized.module if quantized is not None and quantized.float_module is not None else None
+def eager_reference(program: Any, module: torch.nn.Module) -> EagerReference:
+    """The reference of a program checked against `module`: a CompileResult's own, made from its
+    configuration whichever stages its run kept, else `module` itself."""
+    make = getattr(program, "eager_reference", None)
+    return make(module) if callable(make) else EagerReference(module)
 
 
 def _max_error(actual: Sequence[Any], expected: Sequence[torch.Tensor]) -> float:
@@ -612,7 +622,7 @@ def _worse(one: CheckResult, other: CheckResult) -> bool:
 
 def compare_with_eager(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None,
-    dynamic_shapes: Any = None, weights: str | os.PathLike | None = None,
+    dynamic_shapes: Any = None, weights: str | os.PathLike | None = None, reference: EagerReference | None = None,
 ) -> CheckResult:
     """`compare_at` on the example inputs (`weights`: the program's data file, when not beside it); a CompileResult whose program has dynamic input sizes
     also runs with them all at the bottom of their declared ranges, then at the top (where a
@@ -621,9 +631,11 @@ def compare_with_eager(
     computing in float32 and checked at float32's tolerance (`at_float32`): float16's tolerance
     would hide a conversion fault smaller than its noise. The model's state is left as after
     the example's run. A `.pte` does not say which of its sizes are dynamic: `dynamic_shapes` (as
-    torch.export takes them, those it was compiled with) give the ranges whose ends it runs at."""
+    torch.export takes them, those it was compiled with) give the ranges whose ends it runs at.
+    `reference`: what the program is compared with (default: `eager_reference(program, module)`)."""
+    reference = reference or eager_reference(program, module)
     state = _State(module)
-    checked = _compare_over_ranges(program, module, inputs, tolerance, dynamic_shapes, weights)
+    checked = _compare_over_ranges(program, module, inputs, tolerance, reference, dynamic_shapes, weights)
     remake = getattr(program, "at_float32", None)
     try:
         variant = remake() if callable(remake) and not checked.error else None
@@ -634,16 +646,16 @@ def compare_with_eager(
     state.first_run_done()
     state.rewind()
     try:
-        return attrs.evolve(checked, at_float32=_compare_over_ranges(variant, module, inputs, tolerance))
+        return attrs.evolve(checked, at_float32=_compare_over_ranges(variant, module, inputs, tolerance, reference))
     finally:
         state.leave()
 
 
 def _compare_over_ranges(
-    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None, dynamic_shapes: Any = None,
-    weights: str | os.PathLike | None = None,
+    program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None, reference: EagerReference,
+    dynamic_shapes: Any = None, weights: str | os.PathLike | None = None,
 ) -> CheckResult:
-    checked = compare_at(program, module, inputs, tolerance, weights)
+    checked = compare_at(program, module, inputs, tolerance, weights, reference)
     ends = _inputs_at_range_ends(program, inputs, module, dynamic_shapes)
     if not ends:
         return checked
@@ -653,7 +665,7 @@ def _compare_over_ranges(
     try:
         for label, other in ends:
             try:
-                result = compare_at(program, module, other, tolerance, weights)
+                result = compare_at(program, module, other, tolerance, weights, reference)
             except Exception as exc:  # the runtime, the reference executor or the shapes: the program fails there
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 return attrs.evolve(checked, sizes=sizes, error=f"at {label}: {type(exc).__name__}: {first}")
@@ -666,7 +678,7 @@ def _compare_over_ranges(
 
 def compare_at(
     program: Any, module: torch.nn.Module, inputs: Sequence[Any], tolerance: float | None = None,
-    weights: str | os.PathLike | None = None,
+    weights: str | os.PathLike | None = None, reference: EagerReference | None = None,
 ) -> CheckResult:
     """Run the program (a CompileResult, `.pte` bytes or path) and eager PyTorch on the same
     inputs; report the largest errors against `tolerance` (absolute, for every output), or by
@@ -674,23 +686,23 @@ def compare_at(
     a step of each quantized activation does: `activation_steps`) for floating-point outputs,
     and exact integer outputs.
 
-    The reference is what the program computes: for a CompileResult that quantized, the eager
-    quantized model (the quantize stage's), the error against `module` reported as the
-    quantization error; for a program computing in a more precise floating dtype than the
-    model (a bfloat16 model the precision stage computes in float32), the model and inputs
-    cast to it, the error against the model as given reported as the precision error."""
+    The reference is what the program computes (`reference`, default `eager_reference`): for a
+    program that quantized, the eager quantized model, the error against `module` reported as
+    the quantization error; for a program computing in a more precise floating dtype than the
+    model (a bfloat16 model the precision stage computes in float32), the model computing in it,
+    the error against the model as given reported as the precision error."""
+    reference = reference or eager_reference(program, module)
     loaded = LoadedProgram(program, weights)
     run_on = _cloned(inputs)  # each side writes its own copy of inputs the model writes
     actual = loaded(run_on)
     loaded.release()  # before the eager runs: the two are never held at once
-    quantized = _quantized_model(program)
-    model = quantized if quantized is not None else module
+    model = reference.model
     model_dtype = _model_dtype(model, inputs)
     wider = wider_dtype(loaded.computes_in, model_dtype, loaded.delegate_dtypes_unknown)
-    reference, reference_inputs = (model, tuple(inputs)) if wider is None else _in_dtype(program, model, inputs, wider)
-    state = _State(reference, module, model)
-    written_by_eager = _cloned(reference_inputs)
-    expected = _eager_writing(reference, written_by_eager)
+    compared, compared_inputs = (model, tuple(inputs)) if wider is None else reference.in_dtype(inputs, wider)
+    state = _State(compared, module, model)
+    written_by_eager = _cloned(compared_inputs)
+    expected = _eager_writing(compared, written_by_eager)
     state.first_run_done()
     if len(actual) != len(expected):
         raise UserInputError(
@@ -699,7 +711,7 @@ def compare_at(
         )
     max_abs = max_rel = largest = integer_error = 0.0
     per_output = []
-    written = _written_inputs_pairs(inputs, run_on, reference_inputs, written_by_eager)
+    written = _written_inputs_pairs(inputs, run_on, compared_inputs, written_by_eager)
     for got, want in [*zip(actual, expected, strict=True), *written]:
         floating = want.is_floating_point() or want.is_complex()
         if got.shape != want.shape:
@@ -719,18 +731,18 @@ def compare_at(
         Tolerance.given(tolerance) if tolerance is not None
         else default_tolerance(loaded, wider or _least_precise([model_dtype, _captured_dtype(program)]), actual, largest)
     )
-    if tolerance is None and quantizes_activations(reference):
-        steps = activation_steps(reference, reference_inputs, expected, state.rewind)
+    if tolerance is None and quantizes_activations(compared):
+        steps = activation_steps(compared, compared_inputs, expected, state.rewind)
         chosen = chosen.with_activation_steps(steps.deviation, steps.quantizers, (steps.smallest, steps.largest), steps.draws)
     besides = {}
-    if quantized is not None and quantized is not module:
+    if reference.quantized and model is not module:
         state.rewind()
         besides["quantization_error"] = _max_error(actual, _eager(module, inputs))
     if wider is not None:
         state.rewind()
         besides["precision_error"] = _max_error(actual, _eager(model, inputs))
     state.leave()
-    label = "the eager quantized model" if quantized is not None else "the eager model"
+    label = "the eager quantized model" if reference.quantized else "the eager model"
     return CheckResult(
         max_abs, max_rel, len(expected), largest, chosen, integer_error, tolerance is None,
         tuple(per_output[: len(expected)]),  # the written inputs' errors count in the largest ones

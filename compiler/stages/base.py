@@ -29,6 +29,8 @@ class StageContext:
     # Buffers another method of the program writes (`CompileConfig.program_state`): every stage
     # reads them at run time, none as a constant (fold, the partitions' payloads).
     program_state: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    # The configuration the emitted program records (`CompileConfig.program_record`), or None.
+    recorded_config: str | None = None
     # Numbers the stage wants in the report (e.g. constants folded); filled by `apply`.
     metrics: dict[str, Any] = attrs.field(factory=dict)
 

@@ -27,7 +27,7 @@ from compiler.ir.private_api import (
     delegate_outputs_from_call_sites,
     deserialize_pte,
 )
-from compiler.ir.program_data import SPILL_BLOB_BYTES, ProgramData, spill_directory
+from compiler.ir.program_data import CONFIG_METHOD, SPILL_BLOB_BYTES, ProgramData, spill_directory
 from compiler.reporting.report import Metric, counted, kib
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
@@ -159,11 +159,14 @@ def _weights_file(emitted) -> ProgramData | None:
     return ProgramData(path=path).small_in_memory()
 
 
-def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, metrics: dict[str, Any]) -> ExecutorchProgram:
+def emit_programs(
+    lowered: Mapping[str, LoweredProgram], options: EmitOptions, metrics: dict[str, Any], recorded_config: str | None = None
+) -> ExecutorchProgram:
     """One `.pte` of the named lowered programs. ExecuTorch's emitter stores a constant once by
     its bytes' hash, so weights the methods share are stored once; with several methods each
     mutable buffer is planned once by its name (memory id 2, one offset) for every method that
-    uses it, and the buffers' names are emitted, so the methods share one state (one KV cache)."""
+    uses it, and the buffers' names are emitted, so the methods share one state (one KV cache).
+    `recorded_config`: the configuration the program records, in its method `CONFIG_METHOD`."""
     # to_executorch rewrites the graph in place (memory planning, out variants):
     # give it copies so the lowered artifacts stay what the lower stage returned.
     # Verification is ours (verify-each); ExecuTorch's own check would repeat it.
@@ -179,7 +182,7 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
             stack.enter_context(delegate_data_in_file(programs.values(), WEIGHTS_FILE))
         manager = EdgeProgramManager(
             programs,
-            constant_methods=constant_method_values(options.constant_methods) or None,
+            constant_methods=_constant_methods(options, recorded_config) or None,
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
     config = ExecutorchBackendConfig(
@@ -221,6 +224,14 @@ def emit_programs(lowered: Mapping[str, LoweredProgram], options: EmitOptions, m
     )
 
 
+def _constant_methods(options: EmitOptions, recorded_config: str | None) -> dict[str, Any]:
+    """The methods returning a constant: those asked for, and the configuration recorded."""
+    constant: dict[str, Any] = constant_method_values(options.constant_methods)
+    if recorded_config is not None:
+        constant[CONFIG_METHOD] = recorded_config
+    return constant
+
+
 # What emitting reports, for one method or several.
 METRICS = (
     Metric("initialized_state", "count", lambda n: f"kept the initial value of {counted(n, 'CPU buffer')}"),
@@ -233,7 +244,7 @@ class Emit(Stage, takes=LoweredProgram, returns=ExecutorchProgram):
     metrics = METRICS
 
     def apply(self, lowered: LoweredProgram, ctx: StageContext) -> ExecutorchProgram:
-        return emit_programs({METHOD: lowered}, ctx.options, ctx.metrics)
+        return emit_programs({METHOD: lowered}, ctx.options, ctx.metrics, ctx.recorded_config)
 
 
 class EmitMethods(Stage, takes=LoweredMethods, returns=ExecutorchProgram):
@@ -243,4 +254,4 @@ class EmitMethods(Stage, takes=LoweredMethods, returns=ExecutorchProgram):
     metrics = METRICS
 
     def apply(self, lowered: LoweredMethods, ctx: StageContext) -> ExecutorchProgram:
-        return emit_programs(lowered.methods, ctx.options, ctx.metrics)
+        return emit_programs(lowered.methods, ctx.options, ctx.metrics, ctx.recorded_config)

@@ -114,7 +114,7 @@ def compile_job(
         quietly(f"loading ExecuTorch{loading}", load_pipeline, backend)
         if model:
             module, inputs, dynamic_shapes = quietly("building the model", resolve_model, model)
-            calibration = quietly("reading the calibration inputs", _calibration, model, calibration_file,
+            calibration = quietly("reading the calibration inputs", calibration_inputs, model, calibration_file,
                                   calibration_draws)
         dynamic_shapes = api.model_dynamic_shapes(model, module, inputs, dynamic_shapes, dynamic_dim)
         result = api.compile(
@@ -273,7 +273,9 @@ def load_pipeline(backend: str | None) -> None:
         backends.load(backend)
 
 
-def _calibration(model: str, calibration_file: str | None, draws: int | None) -> Any:
+def calibration_inputs(model: str, calibration_file: str | None, draws: int | None) -> Any:
+    """The calibration inputs a static scheme quantizes with: `draws` draws of the MODEL spec's
+    inputs, or those `calibration_file` holds (None: neither given)."""
     if draws:
         from compiler.models.examples import draw_inputs
 

@@ -1,5 +1,6 @@
 """A save_pretrained folder as MODEL: read in its own dtype, compiled by task, checked against eager."""
 
+import json
 import os
 
 import pytest
@@ -85,6 +86,24 @@ def test_cli_compiles_a_folder_by_task_and_checks_it(llama_folder, backend, tmp_
     assert "OK" in out and output.exists() and (tmp_path / "llama.ptd").exists()
     assert main(["run", str(output), llama_folder, "--task", "text-generation"]) == 0
     assert "OK" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two compiles of the decoder step and three checks, about a minute
+def test_the_readmes_command_checks_one_figure_cold_on_a_cache_hit_and_in_run(llama_folder, tmp_path, capsys):
+    """Issue 54: the README's real-size command passed cold and crashed in the check on a stage cache
+    hit; `run` compared the quantized program with the float model."""
+    program, report = tmp_path / "llama.pte", tmp_path / "report.json"
+    command = ["compile", llama_folder, "--task", "text-generation", "--backend", "xnnpack", "--quantize", "8da4w",
+               "--check", "--cache-dir", str(tmp_path / "cache"), "-o", str(program), "--report-json", str(report)]
+    checks = []
+    for _ in range(2):
+        assert main(command) == 0
+        checks.append(capsys.readouterr().out.splitlines()[-1])
+    assert "precision" in [s["stage"] for s in json.loads(report.read_text())["stages"] if s["cached"]]
+    assert main(["run", str(program), llama_folder, "--task", "text-generation"]) == 0
+    checks.append(capsys.readouterr().out.splitlines()[-1])
+    assert checks[0].startswith("check against the eager quantized model in float32:")
+    assert checks == [checks[0]] * 3
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import compiler
+from compiler.cli.main import main
 from compiler.models.examples import mlp
 from compiler.running.tolerance import BFLOAT16_OF_LARGEST, FLOAT32_ABSOLUTE, half_ulp
 
@@ -77,6 +78,29 @@ def test_a_program_computing_wider_with_a_wrong_bias_fails():
         wrong.model.layers[-1].bias.add_(0.01)
     check = compiler.compare_with_eager(compiler.compile(wrong, inputs, "xnnpack", cache=False), model, inputs)
     assert not check.passed, check.describe()
+
+
+BFLOAT16_MLP = """import torch
+from compiler.models.examples import mlp
+
+
+def make():
+    model, (x,) = mlp()
+    return model.to(torch.bfloat16), (x.to(torch.bfloat16),)
+"""
+
+
+def test_run_checks_a_widened_program_against_the_reference_its_compile_did(tmp_path, capsys):
+    # `run` compared it with the model cast to float32, which returns float32 where the program rounds
+    # to bfloat16: 0.00742 (94% of the tolerance) where the compile's check said 0.00391, on a Llama.
+    source = tmp_path / "bfloat16_mlp.py"
+    source.write_text(BFLOAT16_MLP)
+    program = tmp_path / "mlp.pte"
+    assert main(["compile", f"{source}:make", "--backend", "xnnpack", "--check", "--no-cache", "-o", str(program)]) == 0
+    compiled = capsys.readouterr().out.splitlines()[-1]
+    assert compiled.startswith("check against the eager model in float32:")
+    assert main(["run", str(program), f"{source}:make"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == compiled
 
 
 def test_half_an_ulp_of_the_output_dtype_at_the_largest_value():

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import compiler
+from compiler.cli.main import main
+from compiler.ir.program_data import CONFIG_METHOD, ProgramData, flatbuffer_program
 from compiler.models.examples import mlp
 from compiler.running.tolerance import FLOAT32_ABSOLUTE
 
@@ -142,3 +144,28 @@ def test_a_float16_program_over_its_requantization_tolerance_is_judged_at_float3
     assert not plain.passed and "MISMATCH" in plain.describe()
     failing = CheckResult(0.446, 1.0, 1, 0.984, one_step, at_float32=CheckResult(0.5, 1.0, 1, 0.984, at_float32.tolerance))
     assert not failing.passed and not failing.judged_at_float32
+
+
+def test_run_checks_a_quantized_program_as_its_compile_did(tmp_path, capsys):
+    # `run` compared it with the float model (MISMATCH 0.907 on a Llama): the program now records the
+    # configuration it was compiled with, and `run` quantizes the model again by it.
+    program = tmp_path / "mlp.pte"
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--quantize", "8da4w", "--check", "--no-cache",
+                 "-o", str(program)]) == 0
+    compiled = capsys.readouterr().out.splitlines()[-1]
+    assert compiled.startswith("check against the eager quantized model:")
+    assert main(["run", str(program), "mlp"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == compiled
+    methods = {plan.name for plan in flatbuffer_program(ProgramData(path=str(program))).execution_plan}
+    assert methods == {"forward", CONFIG_METHOD}
+
+
+def test_run_calibrates_a_static_scheme_as_its_compile_did(tmp_path, capsys):
+    program = tmp_path / "mlp.pte"
+    assert main(["compile", "mlp", "--backend", "xnnpack", "--quantize", "int8_static", "--calibration-draws", "2",
+                 "--check", "--no-cache", "-o", str(program)]) == 0
+    compiled = capsys.readouterr().out.splitlines()[-1]
+    assert main(["run", str(program), "mlp", "--calibration-draws", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == compiled
+    assert main(["run", str(program), "mlp"]) == 2  # a static scheme needs its calibration inputs
+    assert "is static" in capsys.readouterr().err
