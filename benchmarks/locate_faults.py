@@ -183,6 +183,12 @@ CASES: tuple[Case, ...] = (
     Case("coreml", "select_shape",
          _seeded(lambda: (MaskOverPickedRows(), (torch.randn(6, 16), torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.bool)))),
          "aten_where_self", "aten.where.self", raises=True),
+    Case("coreml", "clamp_order",
+         _seeded(lambda: (Fn(lambda x, low, high: torch.clamp(x * 2, low, high) + 1),
+                          (torch.randn(2, 4), torch.randn(2, 4) + 1, torch.randn(2, 4) - 1))),
+         "aten_clamp_tensor", "aten.clamp.Tensor", options=FP32),
+    Case("coreml", "default_correction", _seeded(lambda: (Fn(lambda x: torch.std(x * 2) + 1), (torch.randn(2, 4),))),
+         "aten_std_correction", "aten.std.correction", options=FP32),
     Case("coreml", "never_alias", _seeded(lambda: (Fn(lambda x: (x.clone(), x + 1)), (torch.randn(3),))),
          "dim_order_ops__clone_dim_order_default", "dim_order_ops._clone_dim_order.default", options=FP32, raises=True),
     # --- MLX rewrites and refusals (compiler/backends/mlx/rewrites.py, support.py, arguments.py) ---

@@ -15,6 +15,9 @@ replaces the whole registry at once, so no thread sees it half patched.
 - `rms_norm` without eps gets torch's default, the dtype's machine epsilon
   (stock: "got 3 input(s), expected [4]"), and adds it to the mean square as torch does
   (stock adds it to the mean square of x scaled by its largest |x|: 0.3 off at magnitude 1e-3);
+- `clamp` by a bound known only at run time converts as torch computes it, min(max(x, low),
+  high) (stock: max(min(x, high), low), which gives low where low > high; torch gives high);
+- `var` and `std` without a correction divide by n - 1, as torch does (stock: by n);
 - `gelu(approximate="tanh")` reads `approximate` from the keyword arguments
   (stock silently converts the exact gelu);
 - a max pool without a stride gets its kernel size, torch's default (stock: "got 2
@@ -179,6 +182,51 @@ def _rms_norm_default_eps(original: Converter) -> Converter:
         else:
             result = mb.mul(x=mb.real_div(x=x, y=rms), y=weight, name=node.name)
         context.add(result, torch_name=node.name)
+
+    return convert
+
+
+# --- var and std without a correction -----------------------------------------------
+
+
+def _unbiased_without_a_correction(original: Converter) -> Converter:
+    """torch's `var.correction` and `std.correction` without a correction (None: `torch.var(x)` and
+    `torch.std(x)` over every dim) divide by n - 1; coremltools reads a missing correction as none
+    and divides by n (OpInfo's `std(x)` of 125 elements: 0.4% low). We give it torch's 1."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        inputs = list(node.inputs) + [None] * (3 - len(node.inputs))
+        if inputs[2] is None and "correction" not in (node.kwinputs or {}) and fixes.on("default_correction"):
+            node.inputs = (*inputs[:2], 1, *inputs[3:])
+        original(context, node)
+
+    return convert
+
+
+# --- clamp by bounds known at run time ------------------------------------------------
+
+
+def _clamp_in_torch_order(original: Converter) -> Converter:
+    """torch's clamp is min(max(x, low), high), so where low > high it gives high.
+    coremltools converts a clamp whose bound is known only at run time (a tensor) as
+    max(min(x, high), low), which gives low there (OpInfo's clamp sample: 17 off). We convert
+    torch's order; a clamp by constant bounds (Core ML's clip, or a fill of high where low >=
+    high) stays as coremltools converts it."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        original(context, node)
+        result = _context_var(context, node.name)
+        op = result.op if result is not None else None
+        if op is None or op.op_type != "maximum" or op.x.op is None or op.x.op.op_type != "minimum":
+            return
+        if not fixes.on("clamp_order"):
+            return
+        x, high, low = op.x.op.x, op.x.op.y, op.y
+        result.name = f"{node.name}_high_first"
+        fixed = mb.minimum(x=mb.maximum(x=x, y=low), y=high, name=node.name)
+        context.add(fixed, torch_name=node.name, override=True)
 
     return convert
 
@@ -515,6 +563,9 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
         if name in registry:
             fixes[name] = lambda f, i=index: _never_alias(_fill_with_torch_dtype(f, i))
     fixes["rms_norm"] = _rms_norm_default_eps
+    fixes["clamp"] = lambda f: _never_alias(_clamp_in_torch_order(f))
+    for name in ("var.correction", "std.correction"):
+        fixes[name] = lambda f: _never_alias(_unbiased_without_a_correction(f))
     fixes["gelu"] = _gelu_keyword_approximate
     for name in _MAX_POOLS:
         if name in registry:

@@ -44,6 +44,13 @@ FIXES: dict[str, str] = {
         "rms_norm adds eps to the mean square of x as torch does (stock: to the mean square of x divided by "
         "its row's largest |x|, which is eps * max|x|^2: rows of magnitude 1e-3 come out 0.3 off)"
     ),
+    "clamp_order": (
+        "clamp by a bound known at run time converts as min(max(x, low), high), as torch (stock: "
+        "max(min(x, high), low), which gives low where low > high)"
+    ),
+    "default_correction": (
+        "var and std without a correction divide by n - 1, as torch (stock: by n, the population value)"
+    ),
     "never_alias": "an op coremltools converts to its own input gets a real identity, so no output is an input",
 }
 

@@ -387,6 +387,45 @@ def test_softplus_default_threshold_converts_as_stock():
     assert compare_with_eager(on, model, inputs).passed
 
 
+# --- clamp by tensor bounds -------------------------------------------------------------
+
+
+class ClampByTensors(nn.Module):
+    def forward(self, x, low, high):
+        return torch.clamp(x, low, high)
+
+
+def test_clamp_where_the_low_bound_is_above_the_high_one_gives_the_high_one():
+    """torch's clamp is min(max(x, low), high); stock converts max(min(x, high), low), which
+    gives low where low > high (the last element: 1 for torch's -1)."""
+    x = torch.tensor([[-3.0, 0.5, 3.0, 0.0]])
+    low, high = torch.tensor([[-1.0, -1.0, 2.0, 1.0]]), torch.tensor([[1.0, 1.0, 2.5, -1.0]])
+    model, inputs = ClampByTensors(), (x, low, high)
+    on, off = _on_and_off("clamp_order", model, inputs, **FP32)
+    bad = compare_with_eager(off, model, inputs)
+    assert bad.max_abs_error == 2 and not bad.passed
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error == 0
+    assert not cpu_ops(on)  # converted, not kept off Core ML
+
+
+# --- var and std without a correction ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [torch.var, torch.std], ids=["var", "std"])
+def test_var_and_std_over_every_dim_without_a_correction_divide_by_n_minus_one(fn):
+    """torch.var(x) over every dim is `var.correction(x)`, its correction left out, which torch
+    reads as 1; stock reads it as 0: the population value, sqrt(4 / 5) of torch's std over 5
+    elements. (Over given dims they are `var.dim`, which stock converts right.)"""
+    model, inputs = Unary(fn), (torch.tensor([[1.0, 2.0, 4.0, 8.0, 16.0]]),)
+    on, off = _on_and_off("default_correction", model, inputs, **FP32)
+    bad = compare_with_eager(off, model, inputs)
+    population_share = 0.8**0.5 if fn is torch.std else 0.8  # (n - 1) / n, or its root for std
+    assert not bad.passed and bad.max_abs_error == pytest.approx(float(fn(inputs[0])) * (1 - population_share), rel=1e-5)
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error < 1e-5
+
+
 # --- log_softmax ------------------------------------------------------------------------
 
 
