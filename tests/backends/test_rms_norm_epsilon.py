@@ -38,3 +38,15 @@ def test_rms_norm_matches_eager_at_every_magnitude(magnitude, eps, backend):
         at_float32 = compiler.compile(model, inputs, backend, backend_options={"compute_precision": "float32"})
         check = compiler.compare_with_eager(at_float32, model, inputs)
         assert check.passed, check.describe()
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_a_negative_epsilon_is_subtracted_from_the_mean_square(backend):
+    """torch takes any eps (OpInfo samples a negative one): x / sqrt(mean(x^2) + eps). Core ML's
+    conversion scaled by sqrt(eps), NaN for a negative one."""
+    torch.manual_seed(0)
+    model, inputs = RMSNorm(-0.5).eval(), (torch.randn(3, 8) * 3,)
+    options = {"compute_precision": "float32"} if backend == "coreml" else None
+    result = compiler.compile(model, inputs, backend, backend_options=options)
+    check = compiler.compare_with_eager(result, model, inputs)
+    assert check.passed, check.describe()

@@ -153,8 +153,9 @@ def _rms_norm_default_eps(original: Converter) -> Converter:
     coremltools 9.0 divides x by its row's largest |x| m first (so x^2 cannot overflow float16)
     and adds eps to the scaled mean square, which is sqrt(mean(x^2) + eps * m^2): rows of
     magnitude 1e-3 with eps 1e-6 come out 0.3 off (a row of zeros, NaN). We scale by
-    s = max(m, sqrt(eps)) and add (sqrt(eps) / s)^2: torch's value, every square at most 1
-    (no float16 overflow, and small rows scaled up out of float16's subnormals)."""
+    s = max(m, sqrt(|eps|)) and add (sqrt(|eps|) / s)^2, or subtract it for a negative eps:
+    torch's value, every square at most 1 (no float16 overflow, and small rows scaled up out of
+    float16's subnormals)."""
 
     @functools.wraps(original)
     def convert(context, node):
@@ -170,11 +171,12 @@ def _rms_norm_default_eps(original: Converter) -> Converter:
             node.inputs = tuple(inputs[:3]) + (eps,)
             return original(context, node)
         axes = list(range(-len(np.atleast_1d(shape)), 0))
-        root = types.nptype_from_builtin(x.dtype)(np.sqrt(eps))  # normal in float16 where eps is not
+        root = types.nptype_from_builtin(x.dtype)(np.sqrt(abs(eps)))  # normal in float16 where eps is not
         scale = mb.maximum(x=mb.reduce_max(x=mb.abs(x=x), axes=axes, keep_dims=True), y=root)
         scaled = mb.real_div(x=x, y=scale)
         mean_square = mb.reduce_mean(x=mb.square(x=scaled), axes=axes, keep_dims=True)
-        shifted = mb.add(x=mean_square, y=mb.square(x=mb.real_div(x=root, y=scale)))
+        shift = mb.square(x=mb.real_div(x=root, y=scale))
+        shifted = mb.add(x=mean_square, y=shift) if eps >= 0 else mb.sub(x=mean_square, y=shift)
         rms = mb.mul(x=mb.sqrt(x=shifted), y=scale)
         weight = context[inputs[2]] if inputs[2] is not None else None
         if weight is None:
