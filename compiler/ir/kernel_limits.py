@@ -2,8 +2,9 @@
 
 A kernel that exists can still refuse a call: the portable `convolution.out` takes 3-D
 or 4-D inputs only, so a 3-D convolution (5-D input) passed the kernel check and then
-failed when the program ran. Each limit here is read off a check in ExecuTorch's portable
-kernels (the 1.5 source, `kernels/portable/cpu/`), which its reason quotes, and a test
+failed when the program ran; `gather` reads an int64 index only, where torch takes int32 too.
+Each limit here is read off a check in the runtime's kernels (the 1.5 source,
+`kernels/portable/cpu/`, and `kernels/optimized/cpu/` for the FFTs), which its reason quotes, and a test
 of tests/backends/portable/test_portable_support_table.py shows the runtime refusing (or
 crashing on) it. The partition stage rewrites the calls it can into ones the kernel
 takes (`compiler/passes/cpu_rewrites.py`); the `cpu_ops_have_kernels` invariant refuses
@@ -41,6 +42,32 @@ def _rank(node: torch.fx.Node) -> int | None:
 
 def _transposed(node: torch.fx.Node) -> bool:
     return bool(node.args[6])
+
+
+def _index_not_int64(node: torch.fx.Node) -> bool:
+    """Whether the call's index (its third argument) is of another dtype than int64."""
+    index = node.args[2] if len(node.args) > 2 else None
+    value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype != torch.int64
+
+
+def _not_over_the_last_dims(node: torch.fx.Node) -> bool:
+    """Whether a transform's dims (its second argument) are other than the input's last dims in
+    order: torch then lays its result out in another dim order than the input (read off the dims,
+    not the strides, so a symbolic size is not fixed by the asking)."""
+    rank = _rank(node)
+    dims = [d % rank for d in node.args[1]] if rank else []
+    return bool(rank) and dims != list(range(rank - len(dims), rank))
+
+
+def _int64_index_only(name: str, op: str, source: str) -> KernelLimit:
+    """The limit of a kernel that reads its index as int64 only (torch takes int32 too)."""
+    return KernelLimit(
+        name, op, "an index of another dtype than int64 (torch takes int32 too)",
+        f"kernels/portable/cpu/util/index_util.cpp:{source}",
+        'index.scalar_type() == ScalarType::Long: "Expected dtype int64 for index"',
+        _index_not_int64,
+    )
 
 
 KERNEL_LIMITS: tuple[KernelLimit, ...] = (
@@ -85,6 +112,17 @@ KERNEL_LIMITS: tuple[KernelLimit, ...] = (
         'pad[i] >= 0: "Padding values must be non-negative"',
         lambda node: any(isinstance(p, int) and p < 0 for p in node.args[1]),
     ),
+    KernelLimit(
+        "fft_c2r_inner_dim",
+        "aten._fft_c2r.default",
+        "a transform over dims other than the last ones (torch lays the result out in another dim order)",
+        "kernels/optimized/cpu/op_fft_c2r.cpp:opt_fft_c2r_out",
+        "tensors_have_same_dim_order(in, out): \"2 input tensors have different dim orders\"",
+        _not_over_the_last_dims,
+    ),
+    _int64_index_only("gather_int32_index", "aten.gather.default", "check_gather_args"),
+    _int64_index_only("scatter_src_int32_index", "aten.scatter.src", "check_scatter_src_args"),
+    _int64_index_only("scatter_value_int32_index", "aten.scatter.value", "check_scatter_value_args"),
 )
 
 _BY_OP: dict[str, tuple[KernelLimit, ...]] = {}

@@ -154,6 +154,31 @@ def negative_pad_as_slice(node: torch.fx.Node, build: Builder) -> torch.fx.Node 
     return build(edge.constant_pad_nd.default, x, kept, *node.args[2:], **node.kwargs) if any(kept) else x
 
 
+def fft_over_last_dims(node: torch.fx.Node, build: Builder) -> torch.fx.Node | None:
+    """The transform over its dims moved last, permuted back after: the kernel takes a result
+    laid out in its input's dim order only, which torch gives a transform over the last dims.
+    Over symbolic sizes it declines: tracing `permute_copy` fixes them."""
+    x, dims = node.args[0], node.args[1]
+    if _static_shape(x.meta["val"]) is None:
+        return None
+    rank = x.meta["val"].dim()
+    dims = [d % rank for d in dims]
+    order = [d for d in range(rank) if d not in dims] + dims
+    moved = build(edge.permute_copy.default, x, order)
+    called = build(node.target, moved, list(range(rank - len(dims), rank)), *node.args[2:], **node.kwargs)
+    return build(edge.permute_copy.default, called, [order.index(d) for d in range(rank)])
+
+
+def index_as_int64(node: torch.fx.Node, build: Builder) -> torch.fx.Node | None:
+    """The index cast to int64 first: the kernel reads int64 indices only, and every int32
+    index holds as int64."""
+    index = node.args[2]
+    rank = index.meta["val"].dim()
+    wide = build(edge_ops().edge.dim_order_ops._to_dim_order_copy.default, index, dtype=torch.int64,
+                 dim_order=list(range(rank)))
+    return build(node.target, *node.args[:2], wide, *node.args[3:], **node.kwargs)
+
+
 # Limit name -> its rewrite: (node, builder) -> the node standing for the result, or None
 # when it cannot rewrite this call.
 REWRITES: dict[str, Callable[[torch.fx.Node, Builder], torch.fx.Node | None]] = {
@@ -162,6 +187,8 @@ REWRITES: dict[str, Callable[[torch.fx.Node, Builder], torch.fx.Node | None]] = 
     "cumsum_0d": zero_dim_as_one_element,
     "sum_0d": zero_dim_as_one_element,
     "pad_negative": negative_pad_as_slice,
+    "fft_c2r_inner_dim": fft_over_last_dims,
+    **dict.fromkeys(("gather_int32_index", "scatter_src_int32_index", "scatter_value_int32_index"), index_as_int64),
 }
 
 

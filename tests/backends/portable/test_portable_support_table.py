@@ -63,11 +63,27 @@ LIMIT_CASES: dict[str, tuple[Any, Inputs, str]] = {
     "cumsum_0d": (aten.cumsum.default, lambda d: ((_t((), d), 0), {}), "refuses"),
     "sum_0d": (aten.sum.dim_IntList, lambda d: ((_t((), d), [-1]), {}), "crashes"),
     "pad_negative": (aten.constant_pad_nd.default, lambda d: ((_t((3, 5), d), [-1, 2, 1, -2], 0.5), {}), "refuses"),
+    # irfft over the first dim decomposes to a cast to complex and `_fft_c2r` over dim 0.
+    "fft_c2r_inner_dim": (aten.fft_irfft.default, lambda d: ((_t((5, 6, 7), d), None, 0), {}), "refuses"),
+    "gather_int32_index": (aten.gather.default, lambda d: ((_t((3, 5), d), 1, _int32(0, 4, 1, 1, 3, 2)), {}), "refuses"),
+    "scatter_src_int32_index": (
+        aten.scatter.src, lambda d: ((_t((3, 5), d), 1, _int32(0, 4, 1, 1, 3, 2), _t((3, 2), d)), {}), "refuses",
+    ),
+    "scatter_value_int32_index": (
+        aten.scatter.value, lambda d: ((_t((3, 5), d), 1, _int32(0, 4, 1, 1, 3, 2), 2.5), {}), "refuses",
+    ),
 }
+# Limits whose rewrite needs no size (a cast of the index): it holds over symbolic sizes too.
+REWRITTEN_AT_ANY_SIZE = ("gather_int32_index", "scatter_src_int32_index", "scatter_value_int32_index")
 LIMITS = {limit.name: limit for limit in kernel_limits.KERNEL_LIMITS}
 
 # A child process runs a program whose kernel aborts: only the child dies.
 _CHILD = "import sys, torch, compiler; compiler.run(sys.argv[1], torch.load(sys.argv[2]))"
+
+
+def _int32(*values: int) -> torch.Tensor:
+    """Three rows of indices, int32 (torch takes them; the portable kernels read int64 only)."""
+    return torch.tensor(values, dtype=torch.int32).reshape(3, -1)
 
 
 def _program(op, inputs: Inputs, dtype: torch.dtype = F32) -> OneOp:
@@ -125,7 +141,9 @@ def test_our_compile_rewrites_the_call_and_it_runs_as_in_eager(name):
 
 # A rewrite needs sizes it can compute with: over symbolic sizes the call stays as it is
 # and the compile is refused (a 0-d input has no size to make symbolic).
-@pytest.mark.parametrize("name", [name for name, case in LIMIT_CASES.items() if case[1](F32)[0][0].dim()])
+@pytest.mark.parametrize(
+    "name", [name for name, case in LIMIT_CASES.items() if case[1](F32)[0][0].dim() and name not in REWRITTEN_AT_ANY_SIZE]
+)
 def test_with_symbolic_sizes_the_call_is_refused_at_compile_time_by_name(name):
     op, inputs, _ = LIMIT_CASES[name]
     module = _program(op, inputs)
@@ -137,6 +155,16 @@ def test_with_symbolic_sizes_the_call_is_refused_at_compile_time_by_name(name):
     assert len(error.nodes) == 1 and error.nodes[0].startswith(limit.op.replace(".", "_").lower() + " (")
     assert limit.source in error.nodes[0] and limit.reason in error.nodes[0]
     assert "kernel_limits.py" in error.hint
+
+
+@pytest.mark.parametrize("name", REWRITTEN_AT_ANY_SIZE)
+def test_a_rewrite_needing_no_size_runs_over_symbolic_sizes_as_in_eager(name):
+    op, inputs, _ = LIMIT_CASES[name]
+    module = _program(op, inputs)
+    # The first input's columns (not the dim gathered along) vary.
+    dynamic = (({1: torch.export.Dim("columns", min=5, max=8)},) + (None,) * (len(module.example) - 1),)
+    artifact = compiler.compile(module, module.example, backend="portable", dynamic_shapes=dynamic)
+    compare(compiler.run(artifact, module.example), eager(module))
 
 
 # --- the sweep ------------------------------------------------------------------------
