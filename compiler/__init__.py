@@ -29,6 +29,7 @@ _EXPORTS = {
     "ResumeError": "compiler.ir.errors",
     "StageFailure": "compiler.ir.errors",
     "UnsupportedByRuntime": "compiler.ir.errors",
+    "UnsupportedOp": "compiler.ir.errors",
     "UserInputError": "compiler.ir.errors",
     "VerificationError": "compiler.ir.errors",
     "sweep": "compiler.tools.sweeps",

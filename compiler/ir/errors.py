@@ -88,6 +88,10 @@ class ResumeError(CompileError):
     """A resume file is corrupt, from another version, or does not fit the pipeline."""
 
 
+class UnsupportedOp(CompileError):
+    """The model uses an op that no stage and no backend can compile (no decomposition, no kernel)."""
+
+
 class UnsupportedByRuntime(CompileError):
     """The program cannot be run on this machine (e.g. a Core ML delegate)."""
 

@@ -7,6 +7,7 @@ from torch._export.verifier import SpecViolationError
 import compiler
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.ir.dialect import ATEN, op_dialect, op_name
+from compiler.ir.errors import UnsupportedOp
 from compiler.stages.base import StageContext
 from compiler.stages.decompose import Decompose
 from executorch.exir import to_edge
@@ -269,3 +270,20 @@ def test_a_float16_layer_norm_with_weights_converts_and_matches_eager(backend):
     model, x = torch.nn.LayerNorm(2048).half().eval(), torch.randn(2, 8, 2048).half()
     check = compiler.compare_with_eager(compiler.compile(model, (x,), backend), model, (x,))
     assert check.passed, check.describe()
+
+
+class KthValue(torch.nn.Module):
+    def forward(self, x):
+        return torch.kthvalue(x, 2, -1)[0]
+
+
+def test_an_op_with_no_decomposition_nor_kernel_is_refused_by_name_with_what_to_do():
+    """kthvalue is not core ATen, no table decomposes it and the runtime has no kernel for it:
+    the Edge verifier's refusal was reported as 'a bug in the stage that produced the program'."""
+    with pytest.raises(UnsupportedOp) as caught:
+        compiler.compile(KthValue(), (torch.randn(3, 5),), "portable")
+    error = caught.value
+    assert error.stage == "decompose" and error.nodes == ("aten_kthvalue_default",)
+    assert error.reason.startswith("aten.kthvalue.default (aten_kthvalue_default) has no decomposition to core ATen "
+                                   "and no kernel in the portable runtime")
+    assert "core ATen" in error.hint and "bug" not in str(error)
