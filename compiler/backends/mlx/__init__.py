@@ -124,7 +124,8 @@ class MLXBackend(Backend):
         self.partitioner = MLXPartitioner(**partitioner_options)
 
     def keep_whole(self, program: ExportedProgram) -> KeepWhole:
-        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program), handlers.dynamic_sizes_inferred():
+        with support.symbolic_floats_hidden(program), support.nested_lists_hidden(program), \
+                dynamic.guards_refused(program), handlers.dynamic_sizes_inferred():
             ops, _ = self.partitioner.ops_to_not_decompose(program)
         # An op one of our rules sends to the CPU must not be kept whole for MLX
         # (the same rule stock applies to the nodes its own check declines).
@@ -144,7 +145,8 @@ class MLXBackend(Backend):
             rewrite(program)
         # Stock MLXPartitioner.partition() refuses to run outside
         # to_edge_transform_and_lower; its pieces are what it would run.
-        with support.symbolic_floats_hidden(program), dynamic.guards_refused(program), handlers.dynamic_sizes_inferred():
+        with support.symbolic_floats_hidden(program), support.nested_lists_hidden(program), \
+                dynamic.guards_refused(program), handlers.dynamic_sizes_inferred():
             stock = MLXOperatorSupport(program, self.partitioner.delegation_spec.compile_specs)
         guarded = support.GuardedSupport(stock)
         found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)

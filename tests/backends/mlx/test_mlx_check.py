@@ -497,3 +497,17 @@ def test_a_bool_index_only_assertions_read_places_at_least_as_stock_does():
     ours, theirs = pte_calls(artifact.pte), pte_calls(stock)
     assert (ours.delegates, ours.cpu_calls) == (theirs.delegates, theirs.cpu_calls) == (1, 0)
     assert not _placement(artifact, "aten.index.Tensor")
+
+
+class Histogram(torch.nn.Module):
+    def forward(self, x):
+        return torch.histogramdd(x, bins=[3, 4]).hist
+
+
+def test_an_op_with_a_list_among_its_results_gets_our_refusal_not_the_support_checks_crash():
+    """histogramdd's bin edges are a list of tensors: stock's MLX support check crashed on them
+    (NotImplementedError: val_to_idtype: [FakeTensor, ...]) before any stage could name the op."""
+    from compiler.ir.errors import UnsupportedOp
+
+    with pytest.raises(UnsupportedOp, match="histogramdd"):
+        compiler.compile(Histogram(), (torch.randn(10, 2),), "mlx")
