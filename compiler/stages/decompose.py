@@ -27,6 +27,11 @@ def _core(op: torch._ops.OpOverload) -> bool:
     return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
 
 
+def _makes_a_tensor(op: torch._ops.OpOverload) -> bool:
+    """Ops that make no tensor (`_assert_scalar`, a size's range check) run as the runtime's asserts."""
+    return any(isinstance(r.type, torch.TensorType) for r in op._schema.returns)
+
+
 def undecomposed_ops(edge: EdgeProgram) -> dict[torch._ops.OpOverload, list[str]]:
     """The ATen ops of `edge` that are not core ATen and were not kept whole for the backend (no
     table decomposed them), each with the nodes calling it."""
@@ -36,7 +41,7 @@ def undecomposed_ops(edge: EdgeProgram) -> dict[torch._ops.OpOverload, list[str]
         if op_dialect(node.target) != EDGE:
             continue  # the ATen ops an Edge program may hold (run-time asserts of sizes)
         op = aten_overload(node.target)
-        if op.namespace == "aten" and not _core(op) and op_name(op) not in kept:
+        if op.namespace == "aten" and not _core(op) and op_name(op) not in kept and _makes_a_tensor(op):
             left.setdefault(op, []).append(node.name)
     return left
 
