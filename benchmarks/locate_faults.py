@@ -219,6 +219,12 @@ CASES: tuple[Case, ...] = (
     Case("mlx", "rms_norm_epsilon_made_explicit",
          _seeded(lambda: (Fn(lambda x: F.rms_norm(x * 2, (4,), None, eps=None) + 1), (torch.randn(2, 4) * 1e-3,))),
          "aten_rms_norm_default", "aten.rms_norm.default"),
+    Case("mlx", "fractional_correction",
+         _seeded(lambda: (Fn(lambda x: torch.var(x * 2, correction=0.5) + 1), (torch.randn(2, 4),))),
+         "aten_var_correction", "aten.var.correction"),
+    Case("mlx", "repeat_interleave_flattened",
+         _seeded(lambda: (Fn(lambda x: torch.repeat_interleave(x * 2, 2) + 1), (torch.randn(2, 3),))),
+         "aten_repeat_interleave_self_int", "aten.repeat_interleave.self_int"),
     # --- XNNPACK rewrites and refusals (compiler/backends/xnnpack/rules.py) -------------------------
     Case("xnnpack", "bilinear_scale_unlike_size",
          _seeded(lambda: (Fn(lambda x: F.interpolate(x * 2, scale_factor=2.2, mode="bilinear") + 1), (torch.randn(1, 1, 3, 3),))),

@@ -57,6 +57,14 @@ FIXES: dict[str, str] = {
         "integer floor division divides through mlx::divide, which returns float (7 // 2 gives 3.5); "
         "the rule keeps it on the CPU"
     ),
+    "fractional_correction": (
+        "var and std with a correction that is not a whole number take int(correction) as MLX's ddof "
+        "(correction=0.5 computes correction=0); the rule keeps the call on the CPU"
+    ),
+    "repeat_interleave_flattened": (
+        "repeat_interleave without a dim repeats along dim 0 where torch repeats the flattened input; "
+        "the rule keeps the call on the CPU"
+    ),
     "unwritten_output_read": (
         "max pooling's indices (and batch norm's saved statistics) are never written by stock's "
         "handler; the rule keeps a call whose other outputs are read on the CPU"

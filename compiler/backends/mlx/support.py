@@ -324,6 +324,39 @@ def _stock_nearest_sources(node: torch.fx.Node, size_h: int, size_w: int, out_h:
     return rows[:, None] * size_w + cols[None, :]
 
 
+@RULES.refuses("`var` or `std` with a correction that is not a whole number: stock passes int(correction)")
+def fractional_correction(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """Stock 1.5.1's MLX var and std handlers give MLX int(correction) as its ddof, a whole
+    number: var(x, correction=0.5) came out as var(x, correction=0), 0.1 off on OpInfo's sample."""
+    if op_name(node.target) not in ("aten.var.correction", "aten.std.correction"):
+        return None
+    correction = node.kwargs.get("correction")
+    if correction is None or float(correction).is_integer() or not fixes.on("fractional_correction"):
+        return None
+    return (
+        f"MLX takes a whole-number correction (ddof) for {op_name(node.target)}, and this call passes "
+        f"correction={correction} (stock's handler passes int({correction}))"
+    )
+
+
+@RULES.refuses("`repeat_interleave` without a dim: stock repeats along dim 0 where torch flattens first")
+def repeat_interleave_without_a_dim(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """torch's repeat_interleave(x, n) with no dim repeats each element of x flattened; stock 1.5.1's
+    MLX handler repeats along dim 0 (x of shape (2, 3, 4) came out (4, 3, 4), not (48,))."""
+    if op_name(node.target) != "aten.repeat_interleave.self_int":
+        return None
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    value = node.args[0].meta.get("val")
+    if dim is not None or (isinstance(value, torch.Tensor) and value.dim() == 1):
+        return None
+    if not fixes.on("repeat_interleave_flattened"):
+        return None
+    return (
+        "torch's repeat_interleave without a dim repeats the flattened input, and stock's MLX handler "
+        "repeats along dim 0 instead"
+    )
+
+
 @RULES.refuses("nearest upsampling reading other source rows or columns than torch: stock steps in float64")
 def nearest_rows_unlike_torch(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's MLX upsample_nearest2d handler steps by 1 / scale in float64; torch copies

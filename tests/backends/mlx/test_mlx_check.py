@@ -511,3 +511,36 @@ def test_an_op_with_a_list_among_its_results_gets_our_refusal_not_the_support_ch
 
     with pytest.raises(UnsupportedOp, match="histogramdd"):
         compiler.compile(Histogram(), (torch.randn(10, 2),), "mlx")
+
+
+class FractionalVariance(torch.nn.Module):
+    def forward(self, x):
+        return torch.var(x, correction=0.5, keepdim=True)
+
+
+class FlatRepeat(torch.nn.Module):
+    def forward(self, x):
+        return torch.repeat_interleave(x, 2)
+
+
+@pytest.mark.parametrize(
+    "switch, model, op",
+    [("fractional_correction", FractionalVariance(), "aten.var.correction"),
+     ("repeat_interleave_flattened", FlatRepeat(), "aten.repeat_interleave.self_int")],
+    ids=["var-correction-0.5", "repeat_interleave-no-dim"],
+)
+def test_a_call_stocks_handler_computes_otherwise_is_not_delegated_whole_and_matches_eager(switch, model, op):
+    """Stock's var handler passes int(correction) to MLX (0.5 computes 0): the call stays on the
+    CPU. Its repeat_interleave handler repeats along dim 0 where torch, given no dim, repeats
+    the flattened input: the call is decomposed (into ops MLX takes) instead of kept whole."""
+    from compiler.backends.mlx.fixes import fixes_off
+
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 3, 4),)
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    assert op not in {p.op for p in artifact.program.plan.delegated_nodes}
+    assert compare_with_eager(artifact, model, inputs).passed
+    with fixes_off(switch):
+        wrong = compiler.compile(model, inputs, backend="mlx", verify=False)
+    assert op in {p.op for p in wrong.program.plan.delegated_nodes}
+    assert not compare_with_eager(wrong, model, inputs).passed
