@@ -19,7 +19,9 @@ The tables cover the ops decompositions make too, not only those the program hol
 ExecuTorch's `adaptive_max_pool1d` makes `adaptive_max_pool2d`, which torch decomposes
 only when the sizes divide (and into a 3-d max pool no runtime has a kernel for); ours
 takes every size, by `amax` over views or `index_select`ed bins, one dim at a time.
-`aten.round.decimals` is ours too: torch's is a prims reference that fails under export.
+`aten.round.decimals` is ours too: torch's is a prims reference that fails under export;
+so is `aten.diagonal_scatter` (a scatter into the flattened plane), whose prims reference writes
+a view in place, which the retrace refuses.
 A backend may ask to keep an op with several results whole (Core ML converts
 `adaptive_max_pool1d`/`2d`): see `keepable`.
 Integer `remainder` becomes `a - floor_div(a, b) * b`: the portable runtime's
@@ -186,6 +188,25 @@ def _var_mean(self, dim=None, *, correction=None, keepdim=False):
     return variance, torch.ops.aten.mean.dim(self, dim, keepdim)
 
 
+def _diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
+    """`aten.diagonal_scatter` from core ops: `src` scattered into the (dim1, dim2) plane, flattened,
+    at the diagonal's positions. torch's own decomposition is a prims reference that writes the
+    diagonal view with `prims.copy_to`, which fails the retrace ("aot_autograd expected to have an
+    entirely functional graph")."""
+    rank = self.dim()
+    dim1, dim2 = dim1 % rank, dim2 % rank
+    rows, columns = self.shape[dim1], self.shape[dim2]
+    if not isinstance(rows, int) or not isinstance(columns, int):
+        return NotImplemented
+    length = src.shape[-1]
+    first = max(-offset, 0) * columns + max(offset, 0)
+    positions = torch.arange(length, device=self.device) * (columns + 1) + first
+    plane = self.movedim((dim1, dim2), (-2, -1))
+    flat = plane.reshape(*plane.shape[:-2], rows * columns)
+    written = torch.scatter(flat, -1, positions.expand(*flat.shape[:-1], length), src)
+    return written.reshape(plane.shape).movedim((-2, -1), (dim1, dim2))
+
+
 def _round_decimals(self, *, decimals=0):
     """`aten.round.decimals` as torch's kernel computes it, in the op-math dtype (float32 for
     float16/bfloat16): round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0.
@@ -299,6 +320,7 @@ def _adaptive_max_pool3d(self, output_size):
 _DECOMPOSED_HERE = {
     torch.ops.aten.empty_permuted.default: _empty_permuted,  # ExecuTorch's empty_like makes it
     torch.ops.aten.round.decimals: _round_decimals,
+    torch.ops.aten.diagonal_scatter.default: _diagonal_scatter,
     torch.ops.aten.adaptive_max_pool2d.default: _adaptive_max_pool2d,
     torch.ops.aten.adaptive_max_pool3d.default: _adaptive_max_pool3d,
     torch.ops.aten.remainder.Tensor: _floored_remainder,
