@@ -38,6 +38,7 @@ from executorch.exir.backend.partitioner import DelegationSpec
 from compiler.reporting import progress
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
 from compiler.backends.coreml import conversion, payload, quantized, rank, rules, search
+from compiler.backends.coreml.conversion import CoreMLConversionError
 from compiler.process.collector import collect
 from compiler.ir.dialect import op_name
 from compiler.ir.errors import CompileError, UserInputError
@@ -398,4 +399,4 @@ class CoreMLBackend(Backend):
         return stack
 
 
-__all__ = ["CoreMLBackend", "CoreMLRefusal", "CoreMLStateSplit"]
+__all__ = ["CoreMLBackend", "CoreMLConversionError", "CoreMLRefusal", "CoreMLStateSplit"]

@@ -64,6 +64,7 @@ from coremltools.converters.mil.mil import types
 from coremltools.converters.mil.mil.block import is_current_opset_version_compatible_with
 
 from compiler.backends.coreml import fixes
+from compiler.ir.errors import CompileError
 from compiler.ir.private_api import coreml_converters, swap_coreml_converters
 
 Converter = Callable[..., None]
@@ -559,6 +560,82 @@ def _never_alias(original: Converter) -> Converter:
     return convert
 
 
+# --- a converter that fails ----------------------------------------------------------
+
+
+class CoreMLConversionError(CompileError):
+    """coremltools could not convert an op of a Core ML partition."""
+
+
+def _named_when_it_fails(fixed: Converter, original: Converter) -> Converter:
+    """`fixed` (our fix of coremltools' `original` converter) giving our error when it raises,
+    naming the node and its converter, not the library's own (`node aten_roll_default (roll) got
+    2 input(s), expected [3]`, a `pop from empty list`), which reached the user as a failure of
+    the lower stage. It wraps `original` as far as the registry can tell (`__wrapped__`)."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        try:
+            fixed(context, node)
+        except CompileError:
+            raise
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            op = f"aten.{node.kind}" if node.name.startswith("aten_") else None
+            raise CoreMLConversionError(
+                f"coremltools could not convert {node.name} (its converter `{node.kind}` raised "
+                f"{type(error).__name__}: {lines[0] if lines else ''})",
+                nodes=[node.name],
+                hint="keep the op off Core ML (it then runs on the CPU or decomposes), and report it",
+                suggest={"skip_ops_for_coreml_delegation": [op]} if op else None,
+            ) from error
+
+    return convert
+
+
+# --- clamp_min and clamp_max by an integer literal --------------------------------------
+
+
+def _bound_in_the_inputs_dtype(original: Converter) -> Converter:
+    """coremltools' clamp_min and clamp_max assert that x and the bound share a dtype, and a
+    literal bound comes as written: `clamp_min(x, 0)` of float x (the triplet margin loss
+    clamps so) failed its assertion. A literal bound of a float x is given as a float."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        x, bound = context[node.inputs[0]], node.inputs[1]
+        if isinstance(bound, (bool, int)) and types.is_float(x.dtype):
+            node.inputs = (node.inputs[0], float(bound), *node.inputs[2:])
+        original(context, node)
+
+    return convert
+
+
+# --- prelu by a weight known at run time -------------------------------------------------
+
+
+def _prelu_of_a_run_time_weight(original: Converter) -> Converter:
+    """coremltools converts prelu with a constant weight only (`alpha.val`, None for a weight
+    that is a program input: "unsupported operand type(s) for *: 'float' and 'NoneType'"), and
+    of an input of rank 1 or more ("Axis value 2 is out of bounds for expand_dims" for a 0-d
+    one). Such a prelu becomes torch's formula, x where x >= 0 and weight * x elsewhere, the
+    weight along dim 1 (one weight: every element)."""
+
+    @functools.wraps(original)
+    def convert(context, node):
+        x, weight = context[node.inputs[0]], context[node.inputs[1]]
+        if weight.val is not None and x.rank > 0:
+            return original(context, node)
+        if x.rank >= 2:
+            weight = mb.reshape(x=weight, shape=[-1] + [1] * (x.rank - 2))
+        elif x.rank == 0 and weight.rank:
+            weight = mb.squeeze(x=weight)  # its one element: the result stays 0-d
+        scaled = mb.mul(x=x, y=weight)
+        context.add(mb.select(cond=mb.greater_equal(x=x, y=_zero_like(x)), a=x, b=scaled, name=node.name))
+
+    return convert
+
+
 def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Converter]]:
     fixes: dict[str, Callable[[Converter], Converter]] = {name: _never_alias for name in registry}
     for name, index in _FILLS.items():
@@ -581,6 +658,9 @@ def _fixes(registry: dict[str, Converter]) -> dict[str, Callable[[Converter], Co
     for name in ("reciprocal", "rsqrt", "log", "log2", "log10"):
         fixes[name] = _without_default_epsilon
     fixes["index_put"] = lambda f: _bool_data_stays_bool(_index_put_at_one_axis(f))
+    fixes["prelu"] = lambda f: _never_alias(_prelu_of_a_run_time_weight(f))
+    for name in ("clamp_min", "clamp_max"):
+        fixes[name] = lambda f: _never_alias(_bound_in_the_inputs_dtype(f))
     return fixes
 
 
@@ -596,7 +676,7 @@ def _install() -> None:
     original = coreml_converters()
     patched = dict(original)
     for name, fix in _fixes(original).items():
-        patched[name] = fix(original[name])
+        patched[name] = _named_when_it_fails(fix(original[name]), original[name])
     _fixed = dict(patched)
     _original = swap_coreml_converters(patched)
 

@@ -302,6 +302,25 @@ def pool_indices_used(node, ctx) -> Optional[str]:
     return None
 
 
+_BATCH_NORMS = (
+    torch.ops.aten.native_batch_norm, torch.ops.aten._native_batch_norm_legit,
+    torch.ops.aten._native_batch_norm_legit_no_training, torch.ops.aten._native_batch_norm_legit_functional,
+)
+
+
+@NODE_RULES.refuses("a batch norm whose saved mean or inverse std is used: Core ML's gives the normalized values only")
+def batch_norm_statistics_used(node, ctx) -> Optional[str]:
+    if not _is(node, *_BATCH_NORMS):
+        return None
+    if any(user.target is operator.getitem and user.args[1] >= 1 and user.users for user in node.users):
+        return (
+            f"Core ML cannot give the saved mean or inverse std of {op_name(node.target)}, which are used: "
+            "coremltools converts it to a batch norm that gives the normalized values only (stock: "
+            "'coremltools lowering does not handle/bind value at index 1')"
+        )
+    return None
+
+
 _CEIL_MODE_POOLS = {  # pool -> position of ceil_mode among its arguments
     **{getattr(torch.ops.aten, f"max_pool{n}d{s}"): 5 for n in (1, 2, 3) for s in ("", "_with_indices")},
     **{getattr(torch.ops.aten, f"avg_pool{n}d"): 4 for n in (1, 2, 3)},
@@ -421,6 +440,78 @@ def unsupported_index_put(node, ctx) -> Optional[str]:
     problem, stock_text = found
     stock_says = f"stock: {stock_text!r}" if stock_text else "coremltools converts it wrongly"
     return f"Core ML cannot run {op_name(node.target)} with {problem} ({stock_says})"
+
+
+def _argument(node: torch.fx.Node, name: str):
+    """What `node` passes for its schema's argument `name` (None when it leaves it out)."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    schema = getattr(aten_op(node.target), "_schema", None)
+    positions = [i for i, argument in enumerate(schema.arguments if schema else ()) if argument.name == name]
+    return node.args[positions[0]] if positions and positions[0] < len(node.args) else None
+
+
+def _first_input(node: torch.fx.Node) -> Optional[torch.Tensor]:
+    first = node.args[0] if node.args else None
+    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+@NODE_RULES.refuses("an op over a dim of a 0-d tensor: coremltools indexes a dim the tensor has not")
+def dim_of_a_zero_d_tensor(node, ctx) -> Optional[str]:
+    x, dims = _first_input(node), _argument(node, "dim")
+    if x is None or x.dim() or dims in (None, []) or _is(node, torch.ops.aten.select, torch.ops.aten.unsqueeze):
+        return None
+    return (
+        f"coremltools cannot convert {op_name(node.target)} over dim {dims} of a 0-d tensor (stock: 'pop from "
+        "empty list' or 'list assignment index out of range')"
+    )
+
+
+@NODE_RULES.refuses("a flip of no dims, a roll without dims, an mse_loss of the default reduction: no converter takes them")
+def arguments_left_out(node, ctx) -> Optional[str]:
+    """`flip(x, [])` (a copy) gives Core ML's reverse an empty float list; `roll` without dims and
+    `mse_loss` without its reduction leave out arguments coremltools' converters require."""
+    if _is(node, torch.ops.aten.flip) and not list(node.args[1]):
+        problem = "of no dims (Core ML's reverse takes an int32 list of axes; stock: 'expects tensor or scalar of dtype int32')"
+    elif _is(node, torch.ops.aten.roll) and not _argument(node, "dims"):
+        problem = "without dims, which rolls the flattened tensor (stock: 'got 2 input(s), expected [3]')"
+    elif _is(node, torch.ops.aten.mse_loss) and len(node.args) < 3 and "reduction" not in node.kwargs:
+        problem = "with its default reduction left out (stock: 'got 2 input(s), expected [3]')"
+    else:
+        return None
+    return f"coremltools cannot convert {op_name(node.target)} {problem}"
+
+
+@NODE_RULES.refuses("an FFT of a real input: Core ML's complex FFTs take complex input")
+def fft_of_a_real_input(node, ctx) -> Optional[str]:
+    x = _first_input(node)
+    if x is None or x.is_complex() or not op_name(node.target).startswith("aten.fft_"):
+        return None
+    return (
+        f"Core ML's complex FFTs take complex input, and this {op_name(node.target)} reads a real one (stock: "
+        "'expects tensor or scalar of dtype from type domain [complex64]', or 'got 3 input(s), expected [4]')"
+    )
+
+
+@NODE_RULES.refuses("an op giving a complex tensor: Core ML's complex tensors stay inside its FFTs")
+def complex_result(node, ctx) -> Optional[str]:
+    complex_dtypes = sorted(str(d).removeprefix("torch.") for d in tensor_dtypes(node) if d.is_complex)
+    if not complex_dtypes:
+        return None
+    return (
+        f"Core ML cannot give a {complex_dtypes[0]} tensor, and this {op_name(node.target)} gives one "
+        f"(stock: KeyError: torch.{complex_dtypes[0]})"
+    )
+
+
+@NODE_RULES.refuses("an average pool with `divisor_override`: coremltools has none")
+def pool_with_divisor_override(node, ctx) -> Optional[str]:
+    if _is(node, torch.ops.aten.avg_pool1d, torch.ops.aten.avg_pool2d, torch.ops.aten.avg_pool3d) and _argument(
+        node, "divisor_override"
+    ) is not None:
+        return f"coremltools cannot convert {op_name(node.target)} with divisor_override (stock: ValueError)"
+    return None
 
 
 @NODE_RULES.refuses("an op reading or producing a tensor of rank above 5")

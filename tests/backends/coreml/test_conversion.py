@@ -186,3 +186,35 @@ def test_an_index_put_into_bool_data_gives_bool_data():
     assert _output_dtype(ours, "aten_index_put_default") == "int32"  # coremltools' scatter
     assert _output_dtype(ours, "aten_index_put_default_as_bool") == "bool"
     assert_matches_eager(artifact, model, inputs)
+
+
+class Prelu(nn.Module):
+    def forward(self, x, weight):
+        return F.prelu(x, weight)
+
+
+def test_prelu_of_a_weight_given_at_run_time_or_of_a_0_d_input_converts_as_torch_computes_it():
+    """coremltools takes prelu's weight as a constant ("unsupported operand type(s) for *: 'float'
+    and 'NoneType'" for a program input) of an input of rank 1 or more ("Axis value 2 is out of
+    bounds" for a 0-d one); both become x where x >= 0, weight * x elsewhere, on Core ML."""
+    for inputs in [(torch.randn(2, 3, 4), torch.rand(3)), (torch.tensor(-1.5), torch.rand(1))]:
+        model = Prelu()
+        assert stock_error(model, inputs)
+        artifact = compile_coreml(model, inputs, compute_precision="float32")
+        assert not cpu_ops(artifact)
+        assert_matches_eager(artifact, model, inputs)
+
+
+class TripletMarginLoss(nn.Module):
+    """clamp_min(distance difference, 0): an int literal bound of a float tensor."""
+
+    def forward(self, anchor, positive, negative):
+        return F.triplet_margin_with_distance_loss(anchor, positive, negative, swap=True)
+
+
+def test_clamp_min_by_an_integer_literal_of_a_float_tensor_converts():
+    model, inputs = TripletMarginLoss(), tuple(torch.randn(5, 10) for _ in range(3))
+    assert "AssertionError" in stock_error(model, inputs)  # coremltools: x.dtype == y.dtype
+    artifact = compile_coreml(model, inputs, compute_precision="float32")
+    assert not cpu_ops(artifact)
+    assert_matches_eager(artifact, model, inputs)

@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from compiler.backends.coreml.conversion import CoreMLConversionError
 from compiler.running.runtime import compare_with_eager
 from coreml_helpers import assert_matches_eager, compile_coreml, cpu_ops, cpu_reasons, delegated_ops, stock_error, stock_pte
 
@@ -419,11 +420,9 @@ _ZERO_DIM_FILLS = {
 
 @pytest.mark.parametrize("fill", ["ones", "new_zeros"])
 def test_stock_and_ours_without_the_rule_fail_on_a_zero_dim_fill(fill):
-    from compiler.ir.errors import StageFailure
-
     model, inputs = Fill(_ZERO_DIM_FILLS[fill]), (torch.randn(2, 3),)
     assert "expects tensor or scalar of dtype from type domain ['int32']" in stock_error(model, inputs)
-    with _without_rule("zero_dim_fill"), pytest.raises(StageFailure, match="type domain"):
+    with _without_rule("zero_dim_fill"), pytest.raises(CoreMLConversionError, match="type domain"):
         compile_coreml(model, inputs)
 
 
@@ -559,10 +558,8 @@ def test_pixel_unshuffle_below_ios16_is_not_kept_whole(target):
 
 
 def test_without_the_rule_pixel_unshuffle_below_ios16_stops_lowering():
-    from compiler.ir.errors import StageFailure
-
     model, inputs = PixelUnshuffle(), (torch.randn(1, 2, 4, 4),)
-    with _without_rule("pixel_unshuffle_before_ios16"), pytest.raises(StageFailure, match="No available version for pixel_unshuffle"):
+    with _without_rule("pixel_unshuffle_before_ios16"), pytest.raises(CoreMLConversionError, match="No available version for pixel_unshuffle"):
         compile_coreml(model, inputs)
 
 
@@ -621,3 +618,69 @@ def test_a_kept_op_reading_a_size_expression_from_the_cpu_is_decomposed_there():
     assert "aten.scaled_dot_product_attention.default" not in cpu_ops(artifact).values()
     assert "aten.bmm.default" in cpu_ops(artifact).values()
     assert compare_with_eager(artifact, model, (torch.rand(5, 8),)).passed
+
+
+# --- calls whose converter fails: kept off Core ML, they run on the CPU or decompose ----------
+
+
+class Call(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs):
+        return self.fn(*inputs)
+
+
+class TrainingBatchNormStatistics(nn.Module):
+    """Inference batch norm whose saved mean and inverse std (empty in eval) are outputs too."""
+
+    def forward(self, x, weight, bias, mean, var):
+        return torch.native_batch_norm(x, weight, bias, mean, var, False, 0.1, 1e-5)
+
+
+_CONVERTER_FAILURES = {
+    "amin-of-0-d": (Call(lambda x: x.amin(0, keepdim=True)), (torch.tensor(2.5),), "aten.amin.default", "0-d"),
+    "flip-of-no-dims": (Call(lambda x: x.flip([]) * 2), (torch.randn(2, 3),), "aten.flip.default", "of no dims"),
+    "roll-without-dims": (Call(lambda x: torch.roll(x, 2) * 2), (torch.randn(2, 3),), "aten.roll.default", "without dims"),
+    "mse_loss-default-reduction": (Call(F.mse_loss), (torch.randn(2, 3), torch.randn(2, 3)), "aten.mse_loss.default",
+                                   "reduction left out"),
+    "irfft-of-a-real-input": (Call(lambda x: torch.fft.irfft(x, dim=0)), (torch.randn(5, 3),), "aten.fft_irfft.default",
+                              "real one"),
+    "avg_pool-divisor_override": (Call(lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=2)), (torch.randn(1, 2, 5, 5),),
+                                  "aten.avg_pool2d.default", "divisor_override"),
+    "batch-norm-statistics-used": (TrainingBatchNormStatistics(), (torch.randn(2, 3, 4), torch.randn(3), torch.randn(3),
+                                                                   torch.randn(3), torch.rand(3) + 1),
+                                   "aten._native_batch_norm_legit_no_training.default", "saved mean or inverse std"),
+}
+
+
+@pytest.mark.parametrize("case", list(_CONVERTER_FAILURES))
+def test_a_call_coremltools_cannot_convert_stays_off_core_ml_and_matches_eager(case):
+    """Stock fails converting each of these (OpInfo's samples): 'pop from empty list', 'got 2
+    input(s), expected [3]', 'expects ... complex64', 'divisor_override is not supported', 'does
+    not handle/bind value at index 1'. Refused by a rule, each runs on the CPU (the irfft:
+    decomposed there) or is decomposed into ops Core ML takes, and matches eager."""
+    model, inputs, op, why = _CONVERTER_FAILURES[case]
+    assert stock_error(model, inputs)
+    artifact = compile_coreml(model, inputs, compute_precision="float32")
+    assert op not in delegated_ops(artifact)
+    reasons = " ".join(cpu_reasons(artifact).values())
+    assert why in reasons or op not in cpu_ops(artifact).values()
+    assert_matches_eager(artifact, model, inputs)
+
+
+def test_a_converter_that_fails_gives_a_refusal_naming_its_node(monkeypatch):
+    """Where no rule keeps the call off Core ML, coremltools' own error (the roll converter's
+    'got 2 input(s), expected [3]') becomes our error naming the node, with the option that
+    keeps the op on the CPU."""
+    from compiler.backends.coreml import rules
+
+    monkeypatch.setattr(rules, "NODE_RULES", rules.NODE_RULES.without("arguments_left_out"))
+    model, inputs, _, _ = _CONVERTER_FAILURES["roll-without-dims"]
+    with pytest.raises(CoreMLConversionError) as caught:
+        compile_coreml(model, inputs)
+    error = caught.value
+    assert error.stage == "lower" and error.nodes == ("aten_roll_default",)
+    assert "converter `roll` raised ValueError: node aten_roll_default (roll) got 2 input(s), expected [3]" in error.reason
+    assert error.suggest == {"skip_ops_for_coreml_delegation": ["aten.roll"]}
