@@ -151,6 +151,10 @@ class MLXBackend(Backend):
         guarded = support.GuardedSupport(stock)
         found = generate_partitions_from_list_of_nodes(program.graph_module, op_support=guarded)
         found = mlx_include_sym_size_nodes(self.partitioner, program.graph_module, found)
+        # A partition of size arithmetic and its asserts only (what follows a `nonzero` left on the
+        # CPU) computes no tensor and gives no output: to_backend cannot fuse it ("Cannot determine
+        # insertion point ... orig_outputs is empty"), and the CPU runs it anyway.
+        found = [p for p in found if any(isinstance(n.meta.get("val"), torch.Tensor) for n in p.nodes)]
 
         partitions = {}
         for partition in found:

@@ -544,3 +544,19 @@ def test_a_call_stocks_handler_computes_otherwise_is_not_delegated_whole_and_mat
         wrong = compiler.compile(model, inputs, backend="mlx", verify=False)
     assert op in {p.op for p in wrong.program.plan.delegated_nodes}
     assert not compare_with_eager(wrong, model, inputs).passed
+
+
+class Argwhere(torch.nn.Module):
+    def forward(self, x):
+        return torch.argwhere(x > 0)
+
+
+def test_a_partition_of_size_arithmetic_only_stays_on_the_cpu():
+    """MLX has no nonzero: it runs on the CPU, and the size checks after it (sym_size, its bounds'
+    asserts) made an MLX partition of no tensor and no output, which to_backend could not fuse
+    ('Cannot determine insertion point ... orig_outputs is empty')."""
+    model, inputs = Argwhere(), (torch.tensor([[1.0, -2.0, 3.0], [-1.0, 0.5, 0.0]]),)
+    artifact = compiler.compile(model, inputs, backend="mlx")
+    placed = {p.op: p.tag for p in artifact.program.plan.nodes}
+    assert placed["aten.gt.Scalar"] and placed["aten.sym_size.int"] is None
+    assert torch.equal(compiler.run(artifact, inputs)[0], model(*inputs))
