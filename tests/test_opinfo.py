@@ -67,3 +67,13 @@ def test_random_ops_are_no_case():
     random_ops = ("uniform", "normal", "bernoulli", "multinomial", "rand_like")
     assert set(random_ops) <= set(opinfo.op_names())
     assert not opinfo.draw(only=random_ops)
+
+
+def test_a_complex_output_is_compared_in_both_parts():
+    """The oracle compared complex outputs through .to(float64), which drops the imaginary part:
+    an rfft wrong only there passed."""
+    [case] = opinfo.draw(ops=1, samples_per_op=1, only=("fft.rfft",))
+    (want,) = opinfo.oracle.eager_outputs(case)
+    wrong = [t + 1j for t in want]
+    assert opinfo.oracle.compare(case, [want], [want]) is None
+    assert "max abs error 1" in opinfo.oracle.compare(case, [wrong], [want])

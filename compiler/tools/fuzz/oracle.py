@@ -82,12 +82,18 @@ def eager_outputs(program: Program | Reproducer) -> list[list[torch.Tensor]]:
         return [[t.clone() for t in pytree.tree_leaves(model(*inputs))] for _ in range(program.calls)]
 
 
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as its real pairs, so both parts are compared (a real one as it is)."""
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
 def _unlike(where: str, got: torch.Tensor, want: torch.Tensor) -> str | None:
     """How `got` differs from `want` in kind: dtype, shape, or where it is NaN or infinite."""
     if got.dtype != want.dtype:
         return f"{where}: dtype {got.dtype}, eager {want.dtype}"
     if got.shape != want.shape:
         return f"{where}: shape {tuple(got.shape)}, eager {tuple(want.shape)}"
+    got, want = _as_real(got), _as_real(want)
     g64, w64 = got.to(torch.float64), want.to(torch.float64)
     if not torch.equal(g64.isnan(), w64.isnan()) or not torch.equal(g64.isinf() & (g64 == w64), w64.isinf()):
         return f"{where}: NaN or infinity where eager has none, or the reverse"
@@ -106,7 +112,7 @@ def compare(program: Program | Reproducer, got: list[list[torch.Tensor]], want: 
                 return unlike
             if not g.numel():
                 continue
-            g64, w64 = g.to(torch.float64), w.to(torch.float64)
+            g64, w64 = _as_real(g).to(torch.float64), _as_real(w).to(torch.float64)
             finite = w64.isfinite()
             if finite.any():
                 error = (g64[finite] - w64[finite]).abs().max().item()
