@@ -7,7 +7,9 @@ most ops, and `aten.polar` is not in Core ATen: a rotary embedding written with 
 or `torch.polar` failed on every backend, stock's path too. The formulas are the textbook ones
 (a product is `(ac - bd, ad + bc)`), computed in the pair's real dtype, so a program agrees with
 eager to that dtype's rounding. A complex op without a formula here, a complex input or a complex
-output is a named error before any other stage runs.
+output is a named error before any other stage runs, but for a real FFT of a real input returned as
+it is (`torch.fft.rfft(x)` as an output): the runtime's `_fft_r2c` kernel computes it, and ExecuTorch
+returns its complex result, as stock does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 aten = torch.ops.aten
 STAGE = "capture"
+# Real FFTs of a real input, which the runtime computes (`_fft_r2c`) where they are returned as they are.
+_REAL_FFTS = (aten.fft_rfft.default, aten.fft_rfft2.default, aten.fft_rfftn.default)
 
 
 def _is_complex(value: Any) -> bool:
@@ -69,10 +73,15 @@ class _Rewriter:
 
     # --- the rewrite --------------------------------------------------------------------------
 
+    def _returned_as_computed(self, node: torch.fx.Node) -> bool:
+        """A real FFT of a real input that only the output reads: left as it is (see the module)."""
+        return (node.target in _REAL_FFTS and all(user.op == "output" for user in node.users)
+                and not any(a in self.pairs for a in node.all_input_nodes))
+
     def run(self) -> int:
         self._constants()
         for node in list(self.graph.nodes):
-            if node.op != "call_function":
+            if node.op != "call_function" or self._returned_as_computed(node):
                 continue
             takes = [a for a in node.all_input_nodes if a in self.pairs]
             makes = _is_complex(node.meta.get("val")) or (
@@ -96,7 +105,8 @@ class _Rewriter:
                 if returned in self.pairs:
                     raise UserInputError(
                         f"the program returns the complex tensor {returned.name}", stage=STAGE, nodes=[returned.name],
-                        hint="return torch.view_as_real(z) (no ExecuTorch runtime returns complex tensors)",
+                        hint="return torch.view_as_real(z) (a complex value computed as real pairs leaves the "
+                             "program as those pairs)",
                     )
         for node in reversed(list(self.pairs)):
             if node.op != "placeholder" and not node.users:  # the complex nodes, replaced by their pairs

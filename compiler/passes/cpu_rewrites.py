@@ -188,6 +188,7 @@ REWRITES: dict[str, Callable[[torch.fx.Node, Builder], torch.fx.Node | None]] = 
     "sum_0d": zero_dim_as_one_element,
     "pad_negative": negative_pad_as_slice,
     "fft_c2r_inner_dim": fft_over_last_dims,
+    "fft_r2c_inner_dim": fft_over_last_dims,
     **dict.fromkeys(("gather_int32_index", "scatter_src_int32_index", "scatter_value_int32_index"), index_as_int64),
 }
 

@@ -52,6 +52,8 @@ TORCH_DTYPES = {
     schema.ScalarType.DOUBLE: torch.float64,
     schema.ScalarType.BOOL: torch.bool,
     schema.ScalarType.BFLOAT16: torch.bfloat16,
+    schema.ScalarType.COMPLEX64: torch.complex64,  # a real FFT's result (`_fft_r2c`), returned as it is
+    schema.ScalarType.COMPLEX128: torch.complex128,
 }
 
 

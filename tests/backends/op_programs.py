@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from compiler.ir.dialect import op_name
 
 SHAPE = (2, 3, 4)
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+TOLERANCE = {torch.float32: 1e-4, torch.complex64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 Overrides = dict[str, Callable[[torch.dtype], tuple[tuple, dict]]]
 

@@ -90,3 +90,20 @@ def test_a_complex_op_without_a_formula_is_named():
 
     with pytest.raises(UserInputError, match=r"the complex op aten.div.Tensor of div has no real-pair form"):
         compiler.compile(Divides(), (torch.randn(3, 2), torch.randn(3, 2)), "portable", cache=False)
+
+
+class RealFFT(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x), torch.fft.rfftn(x, dim=(0, 1))
+
+
+@pytest.mark.parametrize("backend", ["portable", "xnnpack", "coreml", "mlx"])
+def test_a_real_fft_returned_as_it_is_is_computed_by_the_runtimes_kernel(backend):
+    """Stock returns rfft's complex result from the runtime's `_fft_r2c` kernel; as a complex
+    output of an op without a real-pair form, ours refused it. It stays as it is, on the CPU (the
+    transform over the first dims permuted last for the kernel), and matches eager."""
+    model, inputs = RealFFT(), (torch.randn(4, 6, 8),)
+    artifact = compiler.compile(model, inputs, backend, cache=False)
+    assert {p.op for p in artifact.program.plan.cpu_nodes} >= {"aten._fft_r2c.default"}
+    for got, want in zip(compiler.run(artifact, inputs), model(*inputs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -65,6 +65,8 @@ LIMIT_CASES: dict[str, tuple[Any, Inputs, str]] = {
     "pad_negative": (aten.constant_pad_nd.default, lambda d: ((_t((3, 5), d), [-1, 2, 1, -2], 0.5), {}), "refuses"),
     # irfft over the first dim decomposes to a cast to complex and `_fft_c2r` over dim 0.
     "fft_c2r_inner_dim": (aten.fft_irfft.default, lambda d: ((_t((5, 6, 7), d), None, 0), {}), "refuses"),
+    # rfft over the first dim, returned as it is: `_fft_r2c` over dim 0, its complex result the output.
+    "fft_r2c_inner_dim": (aten.fft_rfft.default, lambda d: ((_t((5, 6, 7), d), None, 0), {}), "refuses"),
     "gather_int32_index": (aten.gather.default, lambda d: ((_t((3, 5), d), 1, _int32(0, 4, 1, 1, 3, 2)), {}), "refuses"),
     "scatter_src_int32_index": (
         aten.scatter.src, lambda d: ((_t((3, 5), d), 1, _int32(0, 4, 1, 1, 3, 2), _t((3, 2), d)), {}), "refuses",
