@@ -8,7 +8,10 @@ the program, and its refusal read as a bug of this stage)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+from torch._export.verifier import SpecViolationError
 
 from compiler.ir.artifacts import EdgeProgram, PlannedProgram
 from compiler.ir.dialect import EDGE, op_dialect, op_name
@@ -23,25 +26,37 @@ from compiler.reporting.report import Metric
 CORE_ATEN = "https://pytorch.org/docs/stable/torch.compiler_ir.html#core-aten-ir"
 
 
-def _core(op: torch._ops.OpOverload) -> bool:
-    return torch.Tag.core in op.tags or torch.Tag.view_copy in op.tags
-
-
 def _makes_a_tensor(op: torch._ops.OpOverload) -> bool:
     """Ops that make no tensor (`_assert_scalar`, a size's range check) run as the runtime's asserts."""
     return any(isinstance(r.type, torch.TensorType) for r in op._schema.returns)
 
 
+def _refused_by_the_verifiers(program: torch.export.ExportedProgram) -> Callable[[object], bool]:
+    """Whether the program's own Edge verifiers refuse an op: not core ATen, not kept whole for the
+    backend, nor on their list of exceptions (`aten.max.default`, `aten.full_like.default`...)."""
+    checks = [verifier() for verifier in program.verifiers]
+
+    def refused(target) -> bool:
+        try:
+            for check in checks:
+                check.check_valid_op(target)
+        except SpecViolationError:
+            return True
+        return False
+
+    return refused
+
+
 def undecomposed_ops(edge: EdgeProgram) -> dict[torch._ops.OpOverload, list[str]]:
-    """The ATen ops of `edge` that are not core ATen and were not kept whole for the backend (no
-    table decomposed them), each with the nodes calling it."""
-    kept = set(edge.preserved_ops)
+    """The ATen ops of `edge` its Edge verifiers refuse (no table decomposed them, and they were
+    not kept whole for the backend), each with the nodes calling it."""
+    refused = _refused_by_the_verifiers(edge.program)
     left: dict[torch._ops.OpOverload, list[str]] = {}
     for node in call_nodes(edge.program):
         if op_dialect(node.target) != EDGE:
             continue  # the ATen ops an Edge program may hold (run-time asserts of sizes)
         op = aten_overload(node.target)
-        if op.namespace == "aten" and not _core(op) and op_name(op) not in kept and _makes_a_tensor(op):
+        if _makes_a_tensor(op) and refused(node.target):
             left.setdefault(op, []).append(node.name)
     return left
 
