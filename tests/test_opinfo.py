@@ -77,3 +77,16 @@ def test_a_complex_output_is_compared_in_both_parts():
     wrong = [t + 1j for t in want]
     assert opinfo.oracle.compare(case, [want], [want]) is None
     assert "max abs error 1" in opinfo.oracle.compare(case, [wrong], [want])
+
+
+def test_a_stock_program_calling_an_operator_the_runtime_lacks_fails_as_it_would_load():
+    """Stock's ihfft leaves `_conj_copy` on the CPU, which the runtime has no kernel for: on a device
+    the program would not load, though the reference executor (Core ML, MLX) ran it with torch."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    [case] = opinfo.draw(ops=1, samples_per_op=1, only=("fft.ihfft",))
+    model, inputs = case.build()
+    pte = to_edge_transform_and_lower(torch.export.export(model, inputs)).to_executorch().buffer
+    assert opinfo.oracle.missing_kernels(pte) == ["aten::_conj_copy.out"]
+    stock = opinfo.oracle.stock(case, "portable", opinfo.oracle.eager_outputs(case))
+    assert stock.kind == opinfo.oracle.NAMED and "no kernel for aten::_conj_copy.out" in stock.detail

@@ -301,8 +301,21 @@ def _stock_quantized(program: Program | Reproducer, backend: str, want) -> Outco
         return _judge_quantized(program, inputs, lambda: pte, reference, want)
 
 
+def missing_kernels(pte: bytes) -> list[str]:
+    """The operators a `.pte` calls that the ExecuTorch runtime does not register: it would not
+    load on a device, though the reference executor (Core ML and MLX programs here) runs its CPU
+    calls with torch."""
+    from compiler.ir.kernels import registered_kernels
+    from compiler.ir.program_data import ProgramData, flatbuffer_program
+
+    plans = flatbuffer_program(ProgramData(bytes(pte))).execution_plan
+    called = {f"{op.name}.{op.overload}" if op.overload else op.name for plan in plans for op in plan.operators}
+    return sorted(called - registered_kernels())
+
+
 def stock(program: Program | Reproducer, backend: str, want) -> Outcome:
-    """Stock ExecuTorch on the same program: every failure is only recorded, as 'named error'."""
+    """Stock ExecuTorch on the same program: every failure is only recorded, as 'named error'; a
+    program calling an operator the runtime lacks fails there (it would not load)."""
     from executorch.exir import to_edge_transform_and_lower
 
     if program.quantization:
@@ -317,6 +330,9 @@ def stock(program: Program | Reproducer, backend: str, want) -> Outcome:
             pte = to_edge_transform_and_lower(exported, partitioner=stock_partitioners(backend)).to_executorch().buffer
         except Exception as error:
             return Outcome(NAMED, _first_line(error))
+        missing = missing_kernels(pte)
+        if missing:
+            return Outcome(NAMED, f"the runtime has no kernel for {', '.join(missing)}: the program would not load")
         return _judge(program, inputs, lambda: pte, want)
 
 
