@@ -545,17 +545,34 @@ def _bool_data_stays_bool(original: Converter) -> Converter:
 # --- outputs that alias inputs ------------------------------------------------------
 
 
+def _input_vars(context, inputs) -> list:
+    """The MIL values of a node's inputs, those inside a list too (`atleast_2d` of a sequence)."""
+    found = []
+    for name in inputs:
+        if isinstance(name, (list, tuple)):
+            found += _input_vars(context, name)
+        elif (var := _context_var(context, name)) is not None:
+            found.append(var)
+    return found
+
+
 def _never_alias(original: Converter) -> Converter:
+    """An output that is one of the node's inputs, alone or in a sequence of results
+    (`atleast_2d` of tensors of rank 2 or more), gets a real identity."""
+
     @functools.wraps(original)
     def convert(context, node):
         original(context, node)
         if len(node.outputs) != 1 or not node.inputs or not fixes.on("never_alias"):
             return
         result = _context_var(context, node.outputs[0])
-        source = _context_var(context, node.inputs[0])
-        if result is not None and result is source:
-            copy = mb.identity(x=source, name=node.outputs[0])
+        sources = _input_vars(context, node.inputs)
+        if any(result is source for source in sources):
+            copy = mb.identity(x=result, name=node.outputs[0])
             context.add(copy, torch_name=node.outputs[0], override=True)
+        elif isinstance(result, (list, tuple)) and any(r is source for r in result for source in sources):
+            copies = [mb.identity(x=r) if any(r is source for source in sources) else r for r in result]
+            context.add(copies, torch_name=node.outputs[0], override=True)
 
     return convert
 

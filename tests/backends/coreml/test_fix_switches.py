@@ -198,6 +198,22 @@ def test_never_alias():
     assert good.passed and good.max_abs_error == 0
 
 
+class AtLeast2dOfSeveral(nn.Module):
+    def forward(self, x, y):
+        return torch.atleast_2d([x, y])
+
+
+def test_never_alias_in_a_sequence_of_results():
+    """atleast_2d of a list gives the tensors of rank 2 or more back as they are: each such result
+    of the sequence is an input of the payload, unless it gets an identity (OpInfo's sample)."""
+    model, inputs = AtLeast2dOfSeveral(), (torch.randn(2, 3), torch.randn(4))
+    on, off = _on_and_off("never_alias", model, inputs, **FP32)
+    with pytest.raises(AliasedPayloadOutput):
+        compare_with_eager(off, model, inputs)
+    good = compare_with_eager(on, model, inputs)
+    assert good.passed and good.max_abs_error == 0
+
+
 # --- index_put refusals ---------------------------------------------------------------
 
 
