@@ -10,7 +10,8 @@ the switching is `compiler.ir.fix_switches`, shared with the other backends.
 Not switched, since without them stock fails loudly (an error at lowering or at run time, no
 wrong number): `no_value_arguments_dropped`, `quantized_weights_mlx_cannot_hold_dequantized`,
 `assertions_dropped` (keeps ops on MLX, fixes no value), and the rules `dtype_mlx_cannot_hold`,
-`symbolic_float`, `integer_matmul_or_conv`, `_dead_only_to_stock`, and handlers.py's handlers.
+`symbolic_float`, `integer_matmul_or_conv`, `dim_of_a_zero_d_tensor`, `pool_of_an_unbatched_input`,
+`_dead_only_to_stock`, and handlers.py's handlers.
 Nor `kept_dims_made_explicit` (argmax(dim=None, keepdim=True) 0-d): without it the program's
 numbers still match eager here (its result leaves the payload in the shape the program declares),
 so there is no wrong number to prove; nor `boolean_index`: stock's gather refuses a bool index

@@ -357,6 +357,41 @@ def repeat_interleave_without_a_dim(node: torch.fx.Node, ctx=None) -> Optional[s
     )
 
 
+def _first_input(node: torch.fx.Node) -> Optional[torch.Tensor]:
+    first = node.args[0] if node.args else None
+    value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+@RULES.refuses("an op over a dim of a 0-d tensor: MLX's reductions and squeeze take no axis of a 0-d array")
+def dim_of_a_zero_d_tensor(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """amin(x, [-1]) of a 0-d x is x in torch; MLX refuses the axis when the payload runs ("Invalid
+    axis -1 for array with 0 dimensions"), so the call stays on the CPU."""
+    x, schema = _first_input(node), schema_of(node)
+    if x is None or x.dim() or schema is None or not any(a.name == "dim" for a in schema.arguments):
+        return None
+    dims = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)
+    if dims in (None, []) or op_name(node.target) in ("aten.unsqueeze_copy.default", "aten.unsqueeze.default"):
+        return None
+    return f"MLX takes no axis of a 0-d array, and this {op_name(node.target)} reduces or squeezes dim {dims} of one"
+
+
+_POOLS = {f"aten.{kind}_pool{n}d{suffix}.default": n for kind in ("max", "avg") for n in (1, 2, 3)
+          for suffix in ("", "_with_indices")}
+
+
+@RULES.refuses("a pool of an unbatched input: stock's handler transposes it as a batched one")
+def pool_of_an_unbatched_input(node: torch.fx.Node, ctx=None) -> Optional[str]:
+    """A 2-D pool of a (channels, height, width) input: stock 1.5.1's MLX handler transposes it to
+    channels-last with the axes of a batched input, which MLX refuses when the payload runs
+    ("[transpose] Received 4 axes for array with 3 dimensions"; OpInfo's adaptive_max_pool1d of a
+    2-D input, decomposed to such a pool)."""
+    spatial, x = _POOLS.get(op_name(node.target)), _first_input(node)
+    if spatial is None or x is None or x.dim() != spatial + 1:
+        return None
+    return f"stock's MLX handler pools batched inputs only, and this {op_name(node.target)} reads an unbatched one"
+
+
 @RULES.refuses("nearest upsampling reading other source rows or columns than torch: stock steps in float64")
 def nearest_rows_unlike_torch(node: torch.fx.Node, ctx=None) -> Optional[str]:
     """Stock 1.5.1's MLX upsample_nearest2d handler steps by 1 / scale in float64; torch copies

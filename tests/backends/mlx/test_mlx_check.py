@@ -560,3 +560,37 @@ def test_a_partition_of_size_arithmetic_only_stays_on_the_cpu():
     placed = {p.op: p.tag for p in artifact.program.plan.nodes}
     assert placed["aten.gt.Scalar"] and placed["aten.sym_size.int"] is None
     assert torch.equal(compiler.run(artifact, inputs)[0], model(*inputs))
+
+
+class Call(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+_RUN_TIME_FAILURES = {  # rule -> model, input, the CPU reason, the payload's failure without the rule
+    "dim_of_a_zero_d_tensor": (Call(lambda x: x.amin(-1) * 2), torch.tensor(1.5), "no axis of a 0-d array",
+                               "Invalid axis -1"),
+    "pool_of_an_unbatched_input": (Call(lambda x: torch.nn.functional.adaptive_max_pool1d(x * 2, 1)),
+                                   torch.randn(4, 4), "pools batched inputs only",
+                                   "Received 4 axes for array with 3 dimensions"),
+}
+
+
+@pytest.mark.parametrize("rule", list(_RUN_TIME_FAILURES))
+def test_a_call_mlx_refuses_when_the_payload_runs_stays_on_the_cpu(rule, monkeypatch):
+    """Without the rule the payload fails as the MLX runtime would (OpInfo's amin of a 0-d tensor,
+    adaptive_max_pool1d of a 2-D input); with it the call runs on the CPU and matches eager."""
+    from compiler.backends.mlx import support
+    from compiler.backends.mlx.interpreter import MLXNodeFailure
+
+    model, x, reason, failure = _RUN_TIME_FAILURES[rule]
+    artifact = compiler.compile(model, (x,), backend="mlx")
+    assert any(reason in (p.reason or "") for p in artifact.program.plan.cpu_nodes)
+    assert torch.equal(compiler.run(artifact, (x,))[0], model(x))
+    monkeypatch.setattr(support, "RULES", support.RULES.without(rule))
+    with pytest.raises(MLXNodeFailure, match=failure):
+        compiler.run(compiler.compile(model, (x,), backend="mlx"), (x,))
