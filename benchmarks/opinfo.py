@@ -81,6 +81,7 @@ def refusal_reasons(records: list[dict]) -> str:
 
 def markdown(records: list[dict], backends: tuple[str, ...], args: argparse.Namespace, cases: int, ops: int) -> str:
     ours_failing = [r for r in records if r["ours"] in FAILING]
+    at_run_time = [r for r in records if r["ours"] == opinfo.NAMED and r["ours_detail"].startswith("run:")]
     worse = [r for r in records if r["stock"] == opinfo.PASS and r["ours"] != opinfo.PASS]
     return (
         "# OpInfo: ours against stock ExecuTorch\n\n"
@@ -91,12 +92,15 @@ def markdown(records: list[dict], backends: tuple[str, ...], args: argparse.Name
         "reference executor; both compute in float32) and are compared with eager by the fuzz oracle "
         "(`compiler/tools/fuzz/oracle.py`). pass: ran and matched eager (or compiled, where a payload has "
         "no runner here); named refusal: one of our named errors (stock: any error at compile, or "
-        "torch.export refusing the program); wrapped error: a stage failure around a library's error; "
+        "torch.export refusing the program, or a program calling an operator the runtime has no kernel for); "
+        "wrapped error: a stage failure around a library's error; "
         "raw: an exception that is not ours, compiling or running; wrong: a shape, dtype or value "
         "unlike eager's.\n\n"
         + counts_table(records, backends)
         + "\n\n## Ours wrong, raw or wrapped\n\n"
         + (case_list(ours_failing) if ours_failing else "None.")
+        + "\n\n## Ours refused when run, not when compiled\n\n"
+        + (case_list(at_run_time) if at_run_time else "None.")
         + "\n\n## Stock passes, ours does not\n\n"
         + (case_list(worse) if worse else "None.")
         + "\n\n## Ours' named refusals by reason\n\n"

@@ -1,6 +1,7 @@
 """PyTorch's OpInfo as a differential suite (`compiler/tools/fuzz/opinfo.py`): ours on every
 backend, each case compiled, run here and compared with eager by the fuzz oracle. Ours must pass
-or refuse by name: never a wrong result, a raw exception or a wrapped library error.
+or refuse by name at compile time: never a wrong result, a raw exception, a wrapped library error
+or a refusal when the program runs.
 
 The default run takes the head of the draw (its first ops, the same cases the table starts
 with); -m slow the whole draw (`python -m benchmarks.opinfo` adds stock beside it).
@@ -15,10 +16,23 @@ BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
 DEFAULT_RUN_OPS = 2  # the draw's first ops, every sample the whole draw takes of them
 
 
-def _failures(cases: list[opinfo.OpSample], backend: str) -> list[str]:
+# Cases of the draw ours still gets wrong, and why (benchmarks/results/opinfo.md lists them).
+OPEN = {
+    "native_batch_norm-6": (
+        "training-mode batch norm of running statistics given as inputs: the writes of the running statistics come "
+        "out as the program's first outputs (the functional batch norm decompose makes; the _native_batch_norm_legit "
+        "decomposition's open case)"
+    ),
+}
+
+
+def _failures(cases: list[opinfo.OpSample], backend: str) -> dict[str, str]:
+    """Every case ours neither passes nor refuses by name at compile time (a refusal when the
+    program runs is one)."""
     judged = opinfo.run(cases, (backend,), with_stock=False)
-    return [f"{j.case.id}: {j.ours.kind}: {j.ours.detail}" for j in judged
-            if opinfo.outcome_class(j.ours) not in (opinfo.PASS, opinfo.NAMED)]
+    return {j.case.id: f"{j.ours.kind}: {j.ours.detail}" for j in judged
+            if opinfo.outcome_class(j.ours) != opinfo.PASS
+            and not (opinfo.outcome_class(j.ours) == opinfo.NAMED and not j.ours.detail.startswith("run:"))}
 
 
 def test_the_head_of_the_draw_passes_or_is_refused_by_name_on_every_backend():
@@ -29,14 +43,12 @@ def test_the_head_of_the_draw_passes_or_is_refused_by_name_on_every_backend():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="issue 54 item 5 is open: benchmarks/results/opinfo.md lists the wrong, raw "
-                   "and wrapped cases of ours still to fix (Core ML clamp/std/isin, diagonal_scatter, ...)")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_whole_draw_passes_or_is_refused_by_name(backend):
     cases = opinfo.draw()
     assert len({c.op for c in cases}) == opinfo.OPS
-    failures = _failures(cases, backend)
-    assert not failures, "\n".join(failures)
+    failures = {case: why for case, why in _failures(cases, backend).items() if case not in OPEN}
+    assert not failures, "\n".join(f"{case}: {why}" for case, why in failures.items())
 
 
 def test_the_draw_is_the_same_on_every_run():

@@ -7,8 +7,8 @@ forward's inputs, everything else held as constants. Ours compiles it for a back
 ExecuTorch beside it, both run here and are compared with eager (`oracle.ours`, `oracle.stock`),
 and each outcome is classed: pass, named refusal, wrapped error, raw exception, wrong result.
 
-A sample eager cannot run, whose outputs are not all tensors, or whose outputs differ between
-two runs (random ops, uninitialised memory) is no case. The draw is fixed by its seed: the
+A sample eager cannot run, whose outputs are not all tensors, that draws random numbers, or
+whose outputs differ between two runs (uninitialised memory) is no case. The draw is fixed by its seed: the
 same ops and samples on every run and every machine.
 """
 
@@ -33,8 +33,9 @@ logger = logging.getLogger(__name__)
 SEED = 7
 OPS = 140
 SAMPLES_PER_OP = 2
-# The normwise error a float32 output may show per element its op reads: transcendental
-# functions differ by a few ulps between libraries, reductions accumulate in other orders.
+# The normwise error a float32 output may show, times the square root of the elements of the op's
+# largest input: transcendental functions differ by a few ulps between libraries, reductions
+# accumulate in other orders.
 FLOAT32_NOISE = 8e-6
 # Outcome classes of the table, in its column order; stock's failures are only recorded.
 PASS, NAMED, WRAPPED, RAW, WRONG = "pass", "named refusal", "wrapped error", "raw", "wrong"
@@ -217,10 +218,6 @@ class Judged:
     backend: str
     ours: Outcome
     stock: Outcome | None
-
-    @property
-    def worse_than_stock(self) -> bool:
-        return self.stock is not None and self.stock.passed and not self.ours.passed
 
     def record(self) -> dict:
         return {
