@@ -16,16 +16,6 @@ BACKENDS = ("portable", "xnnpack", "coreml", "mlx")
 DEFAULT_RUN_OPS = 2  # the draw's first ops, every sample the whole draw takes of them
 
 
-# Cases of the draw ours still gets wrong, and why (benchmarks/results/opinfo.md lists them).
-OPEN = {
-    "native_batch_norm-6": (
-        "training-mode batch norm of running statistics given as inputs: the writes of the running statistics come "
-        "out as the program's first outputs (the functional batch norm decompose makes; the _native_batch_norm_legit "
-        "decomposition's open case)"
-    ),
-}
-
-
 def _failures(cases: list[opinfo.OpSample], backend: str) -> dict[str, str]:
     """Every case ours neither passes nor refuses by name at compile time (a refusal when the
     program runs is one)."""
@@ -47,7 +37,7 @@ def test_the_head_of_the_draw_passes_or_is_refused_by_name_on_every_backend():
 def test_the_whole_draw_passes_or_is_refused_by_name(backend):
     cases = opinfo.draw()
     assert len({c.op for c in cases}) == opinfo.OPS
-    failures = {case: why for case, why in _failures(cases, backend).items() if case not in OPEN}
+    failures = _failures(cases, backend)
     assert not failures, "\n".join(f"{case}: {why}" for case, why in failures.items())
 
 

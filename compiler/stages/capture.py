@@ -183,6 +183,24 @@ def inline_regions(ep: ExportedProgram) -> ExportedProgram:
     return retraced
 
 
+def batch_norm_writes_declared(ep: ExportedProgram) -> int:
+    """`native_batch_norm` in training with running statistics as `_native_batch_norm_legit`, the
+    same kernel whose schema declares that it writes them. Undeclared, functionalization gives the
+    writes outputs the signature does not list: their new values took the places of the first two
+    outputs (stock gives the same). Returns how many were rewritten."""
+    rewritten = 0
+    for node in ep.graph.nodes:
+        if node.target is not torch.ops.aten.native_batch_norm.default:
+            continue
+        running_mean, running_var, training = node.args[3:6]
+        if training and isinstance(running_mean, torch.fx.Node) and isinstance(running_var, torch.fx.Node):
+            node.target = torch.ops.aten._native_batch_norm_legit.default
+            rewritten += 1
+    if rewritten:
+        ep.graph_module.recompile()
+    return rewritten
+
+
 def _shared_value(source: torch.fx.Node, copies: set[torch.fx.Node]) -> bool:
     """Whether functionalization may give `source` to another buffer or output too."""
     if source.op == "placeholder" or (
@@ -412,6 +430,8 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
         Metric("mutation_sources_cloned", "count", lambda n: f"cloned {counted(n, 'value')} a mutated buffer would share"),
         Metric("vmap_inlined", "flag", lambda _: "inlined vmap regions"),
         Metric("autocast_inlined", "flag", lambda _: "inlined autocast regions with their casts"),
+        Metric("batch_norm_writes_declared", "count",
+               lambda n: f"declared the running-statistics writes of {counted(n, 'training batch norm')}"),
         Metric("views_owned", "count", lambda n: f"gave {counted(n, 'constant view')} its own storage"),
         Metric("constants_made_row_major", "count", lambda n: f"made {counted(n, 'constant')} row-major"),
         Metric("complex_as_pairs", "count",
@@ -436,6 +456,9 @@ class Capture(Stage, takes=EagerModel, returns=AtenProgram):
         count = len(mutated_constants_as_buffers(program))  # before any retrace: torch refuses a written constant
         if count:
             ctx.metrics["constants_made_buffers"] = count
+        count = batch_norm_writes_declared(program)
+        if count:
+            ctx.metrics["batch_norm_writes_declared"] = count
         if has_autocast_regions(program):  # before the rewrites, which do not look inside a region
             program = inline_regions(program)
             ctx.metrics["autocast_inlined"] = True

@@ -88,3 +88,22 @@ def test_a_masked_write_into_the_input_runs_as_eager(backend):
     result = compiler.compile(ZeroesMaskedColumns(), (torch.randn(1, 8, 3),), backend, cache=False)
     check = compiler.compare_with_eager(result, ZeroesMaskedColumns(), (torch.randn(1, 8, 3),))
     assert check.passed, check.describe()
+
+
+class NativeBatchNormWithStatistics(torch.nn.Module):
+    """`native_batch_norm` updates its running statistics without declaring it in its schema:
+    functionalized, their new values took the places of its first two outputs (OpInfo's case)."""
+
+    def forward(self, x, running_mean, running_var, weight, bias):
+        return torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, 0.1, 1e-5)
+
+
+def _statistics_and_affine():
+    return torch.randn(2, 3, 5), torch.zeros(3), torch.ones(3), torch.randn(3), torch.randn(3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_native_batch_norm_returns_its_outputs_and_writes_its_running_statistics(backend):
+    result = compiler.compile(NativeBatchNormWithStatistics(), _statistics_and_affine(), backend, cache=False)
+    check = compiler.compare_with_eager(result, NativeBatchNormWithStatistics(), _statistics_and_affine())
+    assert check.passed and check.outputs == 3, check.describe()
