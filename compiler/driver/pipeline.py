@@ -19,7 +19,7 @@ import attrs
 from compiler.backends.base import Backend
 from compiler.driver.cache import CacheRun, StageCache
 from compiler.process.collector import scans_only_new_objects
-from compiler.ir.private_api import nonzero_laid_out_by_row
+from compiler.ir.private_api import decomposable_ops_listed_once, nonzero_laid_out_by_row
 from compiler.driver.config import CompileConfig
 from compiler.driver.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
@@ -90,7 +90,7 @@ class Pipeline:
 
         for stage in self.stages[start : stop + 1]:
             stage.check_options(config.options_for(stage.name))
-        with scans_only_new_objects(), nonzero_laid_out_by_row():
+        with scans_only_new_objects(), nonzero_laid_out_by_row(), decomposable_ops_listed_once():
             for instrument in instruments:
                 instrument.before_pipeline(config, self.names, artifact)
             records: list[StageRecord] = []

@@ -681,6 +681,58 @@ def nonzero_laid_out_by_row() -> Iterator[None]:
                 fake_impls.op_implementations_dict[key] = _nonzero_users[1]
 
 
+_CIA_LISTERS = ("torch.export.exported_program", "torch.export.decomp_utils")
+_cia_users: list = [0, {}, {}]  # blocks inside `decomposable_ops_listed_once`, the originals, the answers
+_CIA_ANSWERS_KEPT = 8
+
+
+def _ops_registered() -> tuple:
+    """What `_collect_all_valid_cia_ops`'s answer depends on: the op namespaces and the C++
+    dispatcher's CompositeImplicitAutograd kernels (a custom op defined later adds to either)."""
+    import torch
+
+    cia = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    return tuple(torch.ops._dir), tuple(sorted(cia))
+
+
+@contextlib.contextmanager
+def decomposable_ops_listed_once() -> Iterator[None]:
+    """While the block runs, torch's list of the ops it may decompose or keep
+    (`torch._export.utils._collect_all_valid_cia_ops`) is made once per set of registered ops.
+    torch remakes it at every `run_decompositions`, twice, by walking every op of every namespace
+    (about 65 ms a call; a small compile calls it a dozen times, a test run thousands). The list
+    is torch's own, kept across blocks for the namespaces and CompositeImplicitAutograd kernels
+    it was made with: a namespace or kernel defined or removed since makes it anew.
+    Checked against torch 2.13.0."""
+    from torch._export.utils import _collect_all_valid_cia_ops as list_them
+
+    modules = [importlib.import_module(name) for name in _CIA_LISTERS]
+    _, originals, answers = _cia_users
+    with _PATCH_LOCK:
+        if _cia_users[0] == 0:
+
+            def listed_once() -> Any:
+                key = _ops_registered()
+                if key not in answers:
+                    if len(answers) >= _CIA_ANSWERS_KEPT:
+                        answers.clear()
+                    answers[key] = frozenset(list_them())
+                return answers[key]
+
+            for module in modules:
+                originals[module] = module._collect_all_valid_cia_ops
+                module._collect_all_valid_cia_ops = listed_once
+        _cia_users[0] += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _cia_users[0] -= 1
+            if _cia_users[0] == 0:
+                for module in modules:
+                    module._collect_all_valid_cia_ops = originals.pop(module)
+
+
 @contextlib.contextmanager
 def data_dependent_strides_ordered() -> Iterator[None]:
     """While the block runs, ExecuTorch's `exir.tensor.dim_order_from_stride` gives strides it
