@@ -81,9 +81,11 @@ SAMPLED = {
 }
 
 
-# A parametrized family not in SAMPLED of at least this many cases keeps about half of them (each case
-# by a hash of its id, so a family over four backends keeps a mix of them, the same on every run).
+# A parametrized family not in SAMPLED keeps about half of its cases from HALVED_FROM cases, about a
+# third from THIRDED_FROM (each case by a hash of its id, so a family over four backends keeps a mix of
+# them, the same on every run).
 HALVED_FROM = 2
+THIRDED_FROM = 4
 
 
 def _family(item) -> tuple[str, str]:
@@ -92,7 +94,8 @@ def _family(item) -> tuple[str, str]:
 
 def _sample(items) -> None:
     """Marks slow all but a sample of each parametrized family: every n-th case of a family in
-    SAMPLED, about half of any other of HALVED_FROM cases or more (at least one stays)."""
+    SAMPLED, about half of any other of HALVED_FROM cases or more and a third from THIRDED_FROM
+    (at least one stays)."""
     families: dict[tuple[str, str], list] = {}
     for item in items:
         held = any(item.get_closest_marker(m) for m in ON_REQUEST)
@@ -103,7 +106,8 @@ def _sample(items) -> None:
         if every is not None:
             kept = cases[::every]
         elif len(cases) >= HALVED_FROM:
-            kept = [c for c in cases if hashlib.sha256(c.nodeid.encode()).digest()[0] % 2 == 0] or cases[:1]
+            share = 3 if len(cases) >= THIRDED_FROM else 2
+            kept = [c for c in cases if hashlib.sha256(c.nodeid.encode()).digest()[0] % share == 0] or cases[:1]
         else:
             continue
         for item in set(cases) - set(kept):
