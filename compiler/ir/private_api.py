@@ -1312,6 +1312,54 @@ def coreml_payloads_rewritten(rewrite: Callable[[bytes], bytes]) -> Iterator[Non
             rewrites.pop()
 
 
+@contextlib.contextmanager
+def coreml_temporary_packages_removed() -> Iterator[None]:
+    """While the block runs, each temporary `.mlpackage` folder coremltools writes in this thread
+    (an `MLModel` with `is_temp_package`: the converter's output, and the copy its weight
+    quantization makes) is deleted once ExecuTorch's `CoreMLBackend.preprocess_model` has made
+    the payload from it, and any left at the end of the block. coremltools deletes them only at
+    exit (`atexit`): a compile kept every partition's package, its weights included, in the
+    temporary folder until it ended, and a process leaving by `os._exit` (a pytest-xdist worker)
+    or killed left them there for good. Checked against coremltools 9.0 and executorch 1.5.1."""
+    import shutil
+
+    from coremltools.models.model import MLModel
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+
+    def remove_made() -> None:
+        made = getattr(_this_thread, "coreml_packages", None) or []
+        while made:
+            shutil.rmtree(made.pop(), ignore_errors=True)
+
+    def recording(original: Callable) -> Callable:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            made = getattr(_this_thread, "coreml_packages", None)
+            if made is not None and getattr(self, "is_temp_package", False):
+                made.append(self.package_path)
+
+        return init
+
+    def removing(original: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                remove_made()
+
+        return call
+
+    outer = getattr(_this_thread, "coreml_packages", None)
+    with _replaced(MLModel, "__init__", recording), _replaced(CoreMLBackend, "preprocess_model", removing):
+        _this_thread.coreml_packages = outer if outer is not None else []
+        try:
+            yield
+        finally:
+            if outer is None:
+                remove_made()
+                _this_thread.coreml_packages = None
+
+
 # --- Weights written to disk as they are serialised (executorch.exir._serialize) -------
 
 

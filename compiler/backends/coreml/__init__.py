@@ -46,6 +46,7 @@ from compiler.ir.graph import DELEGATION_TAG, op_nodes, state_not_starting_at_ze
 from compiler.ir.targets import STATIC
 from compiler.ir.private_api import (
     coreml_conversion_state_reset_on_failure,
+    coreml_temporary_packages_removed,
     coreml_payloads_rewritten,
     coreml_progress_bars,
     fp16_overflow_checked_in_pieces,
@@ -385,9 +386,11 @@ class CoreMLBackend(Backend):
         (`mil_idle_work_skipped`), nor a copy of every weight for the conversion, which only
         reads them (`preprocess_copies_share_tensors`), nor whole-weight temporaries in the float16
         pass's overflow test (`fp16_overflow_checked_in_pieces`). A conversion that fails leaves no coremltools naming state
-        behind (`coreml_conversion_state_reset_on_failure`): later payloads stay reproducible."""
+        behind (`coreml_conversion_state_reset_on_failure`): later payloads stay reproducible. No
+        converted package stays on disk once its payload is made (`coreml_temporary_packages_removed`)."""
         stack = contextlib.ExitStack()
         stack.enter_context(coreml_conversion_state_reset_on_failure())
+        stack.enter_context(coreml_temporary_packages_removed())
         stack.enter_context(conversion.installed())
         stack.enter_context(coreml_payloads_rewritten(_reproducible))
         stack.enter_context(coreml_progress_bars(progress.steps))
