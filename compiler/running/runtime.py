@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from compiler import backends
 from compiler.process.dependency_output import DependencyOutput
@@ -460,15 +461,27 @@ def _model_dtype(module: Any, inputs: Sequence[Any]) -> torch.dtype:
     return _least_precise(t.dtype for t in held) or _least_precise(t.dtype for t in _tensors(inputs)) or torch.float32
 
 
-def _captured_dtype(program: Any) -> torch.dtype | None:
-    """The least precise floating dtype a compiled model computes a value in (an autocast region's
-    bfloat16 matmul in a float32 model), where the compile's captured program is at hand: a
-    delegate may compute it more precisely, and the check then allows that precision's rounding."""
-    captured = getattr(getattr(program, "stages", None), "capture", None)
-    if captured is None:
-        return None
-    values = (n.meta.get("val") for n in captured.program.graph.nodes if n.op == "call_function")
-    return _least_precise(leaf.dtype for v in values for leaf in pytree.tree_leaves(v) if isinstance(leaf, torch.Tensor))
+class _DtypesComputed(TorchDispatchMode):
+    """Records the floating dtypes of the values an eager run computes: a float32 model computes
+    an autocast region's matmul in bfloat16, and a delegate may compute it more precisely, so the
+    check then allows bfloat16's rounding. Taken from the run itself, it is the same whichever
+    path checks (a compile, a cache hit, `run` of a `.pte`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        self.dtypes.update(t.dtype for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor))
+        return result
+
+
+def _eager_computing(module: Any, inputs: Sequence[Any]) -> tuple[list[torch.Tensor], torch.dtype | None]:
+    """`_eager_writing`'s outputs, and the least precise floating dtype of any value it computed."""
+    with _DtypesComputed() as computed:
+        outputs = _eager_writing(module, inputs)
+    return outputs, _least_precise(computed.dtypes)
 
 
 def cast_copy(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
@@ -711,7 +724,7 @@ def compare_at(
     compared, compared_inputs = (model, tuple(inputs)) if wider is None else reference.in_dtype(inputs, wider)
     state = _State(compared, module, model)
     written_by_eager = _cloned(compared_inputs)
-    expected = _eager_writing(compared, written_by_eager)
+    expected, eager_computes_in = _eager_computing(compared, written_by_eager)
     state.first_run_done()
     if len(actual) != len(expected):
         raise UserInputError(
@@ -738,7 +751,7 @@ def compare_at(
         per_output.append((output_abs, output_rel))
     chosen = (
         Tolerance.given(tolerance) if tolerance is not None
-        else default_tolerance(loaded, wider or _least_precise([model_dtype, _captured_dtype(program)]), actual, largest)
+        else default_tolerance(loaded, wider or _least_precise([model_dtype, eager_computes_in]), actual, largest)
     )
     if tolerance is None and quantizes_activations(compared):
         steps = activation_steps(compared, compared_inputs, expected, state.rewind)
