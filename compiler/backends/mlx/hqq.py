@@ -19,11 +19,16 @@ from torchao.core.config import AOBaseConfig
 from torchao.quantization import IntxUnpackedToInt8Tensor
 from torchao.quantization.transform_module import register_quantize_module_handler
 
+from compiler.process.memory import MMAP_THRESHOLD
+
 ITERATIONS = 20  # TorchAO's defaults
 EARLY_STOP = 1e-5
-# Rows are taken a million weights at a time: the temporaries stay small (a 3B model's table is
-# 394M weights), and each operation is large enough that the calls cost little.
-BLOCK_ELEMENTS = 1 << 20
+# Rows are taken about a quarter of a million weights at a time: each float32 temporary stays under
+# the size glibc maps on its own once a large compile fixed its threshold (`memory.MMAP_THRESHOLD`),
+# so the updates reuse heap blocks instead of mapping, faulting in and unmapping about seven fresh
+# pages-worth blocks each (at 1B: 25 ns a weight against 12, 37 s of a 29 s float compile), and each
+# operation is still large enough that the calls cost little.
+BLOCK_ELEMENTS = (MMAP_THRESHOLD - (1 << 14)) // torch.float32.itemsize
 
 
 @dataclasses.dataclass(frozen=True)
