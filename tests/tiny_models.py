@@ -38,3 +38,12 @@ class RandomProgram(torch.nn.Module):
         v6 = self.m0(v3)
         v7 = v5 + v5
         return v6, v7 != -0.2, v5 < 0.05, torch.cat([torch.ones(4, dtype=torch.int64)] * 2), v6
+
+
+class MatmulInBfloat16(torch.nn.Module):
+    """An enabled autocast region in a float32 model: its matmul computes in bfloat16 as eager's does."""
+
+    def forward(self, x, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = x @ y
+        return z.float() + 1

@@ -7,13 +7,7 @@ import pytest
 import torch
 
 import compiler
-
-
-class MatmulInBfloat16(torch.nn.Module):
-    def forward(self, x, y):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            z = x @ y
-        return z.float() + 1
+from tiny_models import MatmulInBfloat16
 
 
 class MatmulInFloat32(torch.nn.Module):

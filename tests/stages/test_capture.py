@@ -7,6 +7,7 @@ from compiler.ir.artifacts import EagerModel
 from compiler.stages.options import CaptureOptions
 from compiler.stages.base import StageContext
 from compiler.stages.capture import Capture
+from tiny_models import MatmulInBfloat16
 
 
 class ViewBuffers(torch.nn.Module):
@@ -385,15 +386,6 @@ class RotaryInFloat64(torch.nn.Module):
             pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
             rotated = torch.view_as_real(pairs * self.freqs).flatten(-2)
         return rotated.type_as(x)
-
-
-class MatmulInBfloat16(torch.nn.Module):
-    """An enabled autocast region: its matmul computes in bfloat16 as eager's does."""
-
-    def forward(self, x, y):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            z = x @ y
-        return z.float() + 1
 
 
 class PolarInDisabledAutocast(torch.nn.Module):
