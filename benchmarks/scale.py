@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,6 +43,8 @@ SIZES: dict[str, dict[str, int]] = {
     "0.5b": dict(hidden=896, layers=24, intermediate=4864, heads=14, kv_heads=2, vocab=151936),
     "1b": dict(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, vocab=128256),
     "3b": dict(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8, vocab=128256),
+    # Llama 3.1 8B's shape: its lm_head is a weight of its own.
+    "8b": dict(hidden=4096, layers=32, intermediate=14336, heads=32, kv_heads=8, vocab=128256, tied=0),
 }
 CELLS = ("xnnpack:float", "xnnpack:8da4w", "coreml:float", "coreml:4w", "mlx:float", "mlx:4w")
 CACHE = 128
@@ -60,7 +63,7 @@ def _config(size: str):
     return LlamaConfig(
         hidden_size=shape["hidden"], num_hidden_layers=shape["layers"], intermediate_size=shape["intermediate"],
         num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
-        max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        max_position_embeddings=4096, tie_word_embeddings=bool(shape.get("tied", 1)), bos_token_id=1, eos_token_id=2,
         dtype="bfloat16",
     )
 
@@ -71,23 +74,57 @@ def parameters(size: str) -> int:
     head = s["hidden"] // s["heads"]
     attention = 2 * s["hidden"] * s["hidden"] + 2 * s["hidden"] * s["kv_heads"] * head
     block = attention + 3 * s["hidden"] * s["intermediate"] + 2 * s["hidden"]
-    return s["layers"] * block + s["vocab"] * s["hidden"] + s["hidden"]
+    return s["layers"] * block + (1 + (not s.get("tied", 1))) * s["vocab"] * s["hidden"] + s["hidden"]
 
 
 def write_folder(size: str, folders: str) -> str:
-    """The size's checkpoint folder, written once (random weights, bfloat16)."""
+    """The size's checkpoint folder, written once (random weights, bfloat16), as `save_pretrained`
+    writes a large model: shards of at most `SHARD_BYTES` and their index. The model is built on
+    the meta device and each weight drawn as it is written (N(0, 0.02), norms at 1), so an 8B
+    folder is written with one shard in memory."""
     import torch
+    from safetensors.torch import save_file
     from transformers import LlamaForCausalLM
 
     folder = os.path.join(folders, f"llama-{size}")
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
-    os.makedirs(folders, exist_ok=True)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM._from_config(_config(size), dtype=torch.bfloat16)
-    model.save_pretrained(folder + ".tmp")
+    os.makedirs(folder + ".tmp", exist_ok=True)
+    config = _config(size)
+    with torch.device("meta"):
+        model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}  # a tied weight once
+    shards: list[list[str]] = [[]]
+    size_now = 0
+    for name, shape in shapes.items():
+        nbytes = 2 * math.prod(shape)
+        if shards[-1] and size_now + nbytes > SHARD_BYTES:
+            shards.append([])
+            size_now = 0
+        shards[-1].append(name)
+        size_now += nbytes
+    generator = torch.Generator().manual_seed(0)
+    weight_map = {}
+    for index, names in enumerate(shards):
+        file = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {
+            name: (torch.ones(shapes[name]) if name.endswith("norm.weight") else
+                   torch.randn(shapes[name], generator=generator).mul_(0.02)).to(torch.bfloat16)
+            for name in names
+        }
+        save_file(tensors, os.path.join(folder + ".tmp", file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(names, file)
+        del tensors
+    total = sum(2 * math.prod(shape) for shape in shapes.values())
+    with open(os.path.join(folder + ".tmp", "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    config.save_pretrained(folder + ".tmp")
     os.replace(folder + ".tmp", folder)
     return folder
+
+
+# A shard of a written folder holds at most this many bytes (save_pretrained's default is 5 GB).
+SHARD_BYTES = 2 << 30
 
 
 # --- one cell, in a process of its own ---------------------------------------------------

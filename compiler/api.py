@@ -347,17 +347,25 @@ def compile(
             from compiler.stages.quantize import check_calibration, coded_weights
 
             check_calibration(chosen.quantize, chosen.backend, artifact.calibration)
-            from compiler.process.memory import compile_bytes, freed_tensors_returned, refuse_unless_it_fits, tensor_bytes
+            from compiler.ir.mapped import is_mapped
+            from compiler.process.memory import (
+                STREAMED_BYTES, compile_bytes, freed_tensors_returned, refuse_unless_it_fits, tensor_bytes,
+            )
 
-            total, half = tensor_bytes([*artifact.module.parameters(), *artifact.module.buffers()])
-            freed_tensors_returned(total)
+            tensors = [*artifact.module.parameters(), *artifact.module.buffers()]
+            freed_tensors_returned(tensor_bytes(tensors)[0])
             if driving.memory_check and chosen.backend in BY_NAME:
                 target = BY_NAME[chosen.backend]
+                # Weights mapped from a checkpoint are streamed: each stage holds a piece of them at a time.
+                held = [t for t in tensors if not is_mapped(t)]
+                total, half = tensor_bytes(held)
                 coded, tied = coded_weights(artifact.module, chosen.quantize, chosen.backend)
                 tied_ids = {id(t) for t in tied}
+                coded = [t for t in coded if not is_mapped(t)]
                 quantized = (*tensor_bytes(t for t in coded if id(t) not in tied_ids), sum(t.numel() for t in coded))
                 refuse_unless_it_fits(
-                    compile_bytes(total, half, target.no_bfloat16 is not None, target.lowering_memory, quantized),
+                    compile_bytes(total, half, target.no_bfloat16 is not None, target.lowering_memory, quantized)
+                    + (STREAMED_BYTES if len(held) < len(tensors) else 0),
                     f"compiling this model for {target.display_name}", stage="capture",
                     hint=(
                         "quantize the model (a scheme holds 4- or 8-bit weights)" if not coded

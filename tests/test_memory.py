@@ -130,15 +130,31 @@ def test_the_memory_check_counts_the_weights_a_scheme_codes_as_codes(monkeypatch
 
 
 def test_a_checkpoint_too_large_to_read_is_refused_before_it_is_read(monkeypatch, tmp_path):
+    """Weights that cannot be mapped (a pickled `.bin`) are read whole: refused first when they do not fit."""
     from compiler.ir.errors import InsufficientMemory
+    from compiler.models.checkpoint import load_checkpoint
+    from compiler.process import memory
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\0" * 4096)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    with pytest.raises(InsufficientMemory, match="reading the checkpoint .* into memory"):
+        load_checkpoint(tmp_path, "text-generation")
+
+
+def test_a_mapped_checkpoint_needs_no_memory_for_its_weights_and_a_broken_one_is_named(monkeypatch, tmp_path):
+    """Safetensors weights are mapped, not read: no refusal for their size. A file whose header
+    cannot be read is named, with what is wrong."""
+    from compiler.ir.errors import UserInputError
     from compiler.models.checkpoint import load_checkpoint
     from compiler.process import memory
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
     monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
-    with pytest.raises(InsufficientMemory, match="reading the checkpoint"):
+    with pytest.raises(UserInputError, match="model.safetensors.*header") as caught:
         load_checkpoint(tmp_path, "text-generation")
+    assert "save_pretrained" in caught.value.hint
 
 
 def test_a_core_ml_check_without_memory_for_its_float32_recheck_says_so_instead_of_dying(monkeypatch):

@@ -37,6 +37,8 @@ class BackendPartition:
     partitions: Mapping[str, DelegationSpec]
     # Node name -> why the backend left it on the CPU (nodes absent get a default reason).
     cpu_reasons: Mapping[str, str] = attrs.field(factory=dict)
+    # What the report says of how the backend split the program (Core ML's pieces).
+    notes: tuple[str, ...] = ()
 
 
 class Backend(abc.ABC):

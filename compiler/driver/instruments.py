@@ -88,6 +88,7 @@ class ResidentMemory(Instrument):
     def __init__(self) -> None:
         self.held: dict[str, int | None] = {}
         self.peaks: dict[str, int | None] = {}
+        self.anonymous_peaks: dict[str, int | None] = {}
         self._sampler: PeakSampler | None = None
 
     def before_stage(self, stage, artifact):
@@ -97,6 +98,7 @@ class ResidentMemory(Instrument):
     def _end(self, stage: str) -> None:
         if self._sampler is not None:
             self.peaks[stage] = self._sampler.stop()
+            self.anonymous_peaks[stage] = self._sampler.anonymous_peak
             self.held[stage] = resident_bytes()
             self._sampler = None
 
@@ -109,7 +111,8 @@ class ResidentMemory(Instrument):
     def record(self, stage):
         if stage not in self.held:
             return {}
-        return {"rss_bytes": self.held[stage], "peak_rss_bytes": self.peaks[stage]}
+        return {"rss_bytes": self.held[stage], "peak_rss_bytes": self.peaks[stage],
+                "peak_anonymous_bytes": self.anonymous_peaks[stage]}
 
 
 class CountNodes(Instrument):

@@ -23,6 +23,7 @@ from compiler.ir.private_api import decomposable_ops_listed_once, nonzero_laid_o
 from compiler.driver.config import CompileConfig
 from compiler.driver.instruments import Instrument
 from compiler.ir.errors import CompileError, PipelineError, ResumeError, StageFailure
+from compiler.ir.mapped import release_mapped_pages
 from compiler.reporting.report import Report, StageRecord, plain_phrase
 from compiler.stages.base import Stage, StageContext
 
@@ -139,6 +140,7 @@ class Pipeline:
             for instrument in instruments:
                 instrument.before_stage(stage.name, artifact)
             output = stage.apply(artifact, ctx)
+            release_mapped_pages()  # what the stage read of mapped weights leaves the resident set
             for instrument in reversed(instruments):
                 instrument.after_stage(stage.name, artifact, output)
             return output

@@ -161,6 +161,8 @@ class PartitionedProgram(_ExportedArtifact):
     preserved_ops: tuple[str, ...] = ()
     # Dtypes the backend cannot take as delegate inputs (from the backend).
     refused_input_dtypes: frozenset[str] = frozenset()
+    # How the backend split the program, in words (Core ML's pieces).
+    split_notes: tuple[str, ...] = ()
 
     dialect: ClassVar[str] = EDGE
     invariants: ClassVar[tuple] = _EDGE_INVARIANTS + (

@@ -8,7 +8,7 @@ nodes and the reason. `Invariant.verify` turns a violation into the
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 import attrs
 import torch
@@ -19,6 +19,7 @@ from compiler.ir import dynamic
 from compiler.ir.convexity import reentries
 from compiler.ir.dialect import ATEN, EDGE, op_dialect, op_name
 from compiler.ir.errors import VerificationError
+from compiler.ir.private_api import delegate_named_data
 from compiler.ir.graph import (
     CONSTANT_INPUT_KINDS,
     DELEGATION_TAG,
@@ -373,7 +374,7 @@ def pte_operators_registered(artifact) -> Violation | None:
 # Delegate id -> (a check of one of its payloads: the faults found, none when it is sound; what
 # such a fault means). A backend registers its own when its package loads, so this layer
 # knows no backend (the Core ML backend: no MIL op adds an epsilon the program does not).
-PayloadCheck = Callable[[bytes], list[str]]
+PayloadCheck = Callable[[bytes, Mapping[str, bytes]], list[str]]  # (processed bytes, the delegate's named data)
 _PAYLOAD_CHECKS: dict[str, tuple[PayloadCheck, str]] = {}
 
 
@@ -396,7 +397,7 @@ def delegate_payloads_pass_their_backend_checks(artifact) -> Violation | None:
     for name, module in artifact.program.graph_module.named_children():
         if isinstance(module, LoweredBackendModule) and module.backend_id in _PAYLOAD_CHECKS:
             check, means = _PAYLOAD_CHECKS[module.backend_id]
-            found = check(module.processed_bytes)
+            found = check(module.processed_bytes, delegate_named_data(module))
             bad += [f"{name}: {fault}" for fault in found]
             if found and means not in meanings:
                 meanings.append(means)

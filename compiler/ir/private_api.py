@@ -273,6 +273,18 @@ def named_data_store() -> Any:
     return NamedDataStore()
 
 
+def delegate_named_data(module: Any) -> dict[str, bytes]:
+    """The named data a `LoweredBackendModule` carries into its program (`named_data_store_output`:
+    the `.pte`'s entries and those bound for a data file), by key. Checked against executorch 1.5.1."""
+    store = getattr(module, "named_data_store_output", None)
+    if store is None:
+        return {}
+    entries = dict(store.pte_data or {})
+    for file_entries in (store.external_data or {}).values():
+        entries.update(file_entries)
+    return {key: bytes(store.buffers[entry.buffer_index]) for key, entry in entries.items()}
+
+
 def deserialize_pte(pte: bytes) -> Any:
     """The flatbuffer contents of a `.pte` (program, named data, mutable data); ExecuTorch's
     only reader is `executorch.exir._serialize._program.deserialize_pte_binary`.
@@ -1281,25 +1293,21 @@ def fp16_overflow_checked_in_pieces() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def coreml_payloads_rewritten(rewrite: Callable[[bytes], bytes]) -> Iterator[None]:
-    """While the block runs, each payload ExecuTorch's `CoreMLBackend.preprocess` returns in
-    this thread is `rewrite(payload)` (other threads get stock's). Stock has no hook after it
+def coreml_payloads_rewritten(rewrite: Callable[[Any], Any]) -> Iterator[None]:
+    """While the block runs, each `PreprocessResult` ExecuTorch's `CoreMLBackend.preprocess`
+    returns in this thread is `rewrite(result)` (other threads get stock's). Stock has no hook after it
     builds a payload and `to_backend` puts `PreprocessResult.processed_bytes` straight into
     the lowered module (whose bytes can be changed after only through its private
     `_processed_bytes`), so a wrapper takes `preprocess`'s place on the class while any
     thread is inside such a block; `to_backend` looks it up there on each call (one method:
     `preprocess_multimethod` falls back to `preprocess`). Checked against executorch 1.5.1."""
-    import dataclasses
-
     from executorch.backends.apple.coreml.compiler import CoreMLBackend
 
     def wrap(original: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             rewrites = getattr(_this_thread, "coreml_payload_rewrites", None)
-            if not rewrites:
-                return result
-            return dataclasses.replace(result, processed_bytes=rewrites[-1](result.processed_bytes))
+            return rewrites[-1](result) if rewrites else result
 
         return call
 
@@ -1414,6 +1422,9 @@ def _spilling(should_spill: Callable[[Any], bool], directory: str, position: int
         def call(*args: Any, **kwargs: Any) -> Any:
             folder = getattr(_this_thread, "spill_directory", None)
             if folder is not None and len(args) > position and should_spill(args[position]):
+                spilled_bytes = getattr(_this_thread, "spilled_bytes", None)
+                if spilled_bytes is not None:
+                    spilled_bytes(len(args[position]))
                 args = (*args[:position], spilled_blob(args[position], folder), *args[position + 1 :])
             return original(*args, **kwargs)
 
@@ -1423,7 +1434,7 @@ def _spilling(should_spill: Callable[[Any], bool], directory: str, position: int
 
 
 @contextlib.contextmanager
-def blobs_spilled(directory: str, at_least: int) -> Iterator[None]:
+def blobs_spilled(directory: str, at_least: int, spilled_bytes: Callable[[int], None] | None = None) -> Iterator[None]:
     """While the block runs, in this thread, every blob of at least `at_least` bytes that a
     backend's `preprocess` puts in its named data store (XNNPACK's and MLX's weights) and every
     constant ExecuTorch's emitter stores (the CPU's weights, inside the `.pte` or in a `.ptd`)
@@ -1431,7 +1442,7 @@ def blobs_spilled(directory: str, at_least: int) -> Iterator[None]:
     and the program then cost the weights once (the model's), not once per copy. Both owners
     keep a blob as `bytes` and have no hook: `NamedDataStore._add_named_data_to_map` and
     `_Emitter._save_new_const_tensor` take the spilled blob in its place. Checked against
-    executorch 1.5.1."""
+    executorch 1.5.1. `spilled_bytes` is told each spilled blob's size."""
     from executorch.exir._serialize._named_data_store import NamedDataStore
     from executorch.exir.emit._emitter import _Emitter
 
@@ -1441,12 +1452,12 @@ def blobs_spilled(directory: str, at_least: int) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(_replaced(NamedDataStore, "_add_named_data_to_map", _spilling(large, directory, 2)))
         stack.enter_context(_replaced(_Emitter, "_save_new_const_tensor", _spilling(large, directory, 2)))
-        previous = getattr(_this_thread, "spill_directory", None)
-        _this_thread.spill_directory = directory
+        previous = getattr(_this_thread, "spill_directory", None), getattr(_this_thread, "spilled_bytes", None)
+        _this_thread.spill_directory, _this_thread.spilled_bytes = directory, spilled_bytes
         try:
             yield
         finally:
-            _this_thread.spill_directory = previous
+            _this_thread.spill_directory, _this_thread.spilled_bytes = previous
 
 
 def pte_program_only(head: bytes) -> Any:

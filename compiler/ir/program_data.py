@@ -20,7 +20,8 @@ from compiler.ir.private_api import pte_program_bytes, pte_program_only, pte_seg
 SPILL_BLOB_BYTES = 256 << 10
 SPILL_PROGRAM_BYTES = 8 << 20
 
-# Where those files go: this variable's folder, else the system's temporary folder.
+# Where those files go (and the files of weights a stage writes, `compiler.ir.mapped`): this
+# variable's folder, else the system's temporary folder.
 SPILL_DIR_VARIABLE = "STAGED_COMPILER_SPILL_DIR"
 
 

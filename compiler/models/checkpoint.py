@@ -64,7 +64,19 @@ def _loaded(model_class: Any, folder: str) -> torch.nn.Module:
             f"the folder {folder!r} holds a config but no weights (*.safetensors or *.bin)",
             hint="save the model with save_pretrained, which writes both",
         )
-    return model_class.from_pretrained(folder, dtype=checkpoint_dtype(folder)).eval()
+    from compiler.models.mapped_checkpoint import mapped_model
+
+    config = _transformers().AutoConfig.from_pretrained(folder)
+    dtype = checkpoint_dtype(folder)
+    mapped = mapped_model(model_class, folder, config, dtype)
+    return mapped if mapped is not None else read_whole(model_class, folder, dtype)
+
+
+def read_whole(auto_class: Any, folder: str, dtype: torch.dtype, **kwargs: Any) -> torch.nn.Module:
+    """The model with every weight read into memory (`from_pretrained`): for weights that cannot
+    be mapped, refused first when the machine cannot hold them."""
+    refuse_unless_it_fits(weight_bytes(folder), f"reading the checkpoint {folder!r} into memory")
+    return auto_class.from_pretrained(folder, dtype=dtype, **kwargs).eval()
 
 
 def _text_generation(folder: str, max_cache_len: int) -> tuple[torch.nn.Module, tuple, Any]:
@@ -138,7 +150,6 @@ def load_checkpoint(
         )
     if task not in _LOADERS:
         raise UserInputError(f"unknown task {task!r}", hint=f"give one of {', '.join(TASKS)}")
-    refuse_unless_it_fits(weight_bytes(folder), f"reading the checkpoint {folder!r}")
     _transformers()
     with torch.no_grad():
         return _LOADERS[task](folder, max_cache_len)

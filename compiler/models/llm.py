@@ -133,7 +133,11 @@ def _from_folder(folder: str, dtype: torch.dtype):
     config = AutoConfig.from_pretrained(folder)
     has_weights = any(name.endswith((".safetensors", ".bin")) for name in os.listdir(folder))
     if has_weights:
-        return AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=dtype)
+        from compiler.models.checkpoint import read_whole
+        from compiler.models.mapped_checkpoint import mapped_model
+
+        mapped = mapped_model(AutoModelForCausalLM, folder, config, dtype)
+        return mapped if mapped is not None else read_whole(AutoModelForCausalLM, folder, dtype, config=config)
     return AutoModelForCausalLM.from_config(config)
 
 

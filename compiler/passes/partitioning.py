@@ -99,7 +99,7 @@ def partition(edge: EdgeProgram, backend: Backend, state: frozenset[str] = froze
     }
     plan = PlacementPlan.from_tagged_program(program, partitions, split_reasons(reentered, reasons))
     refused = frozenset(str(d).removeprefix("torch.") for d in backend.refused_input_dtypes)
-    return PartitionedProgram(program, plan, edge.preserved_ops, refused)
+    return PartitionedProgram(program, plan, edge.preserved_ops, refused, result.notes)
 
 
 def keep_program_state(partitioned: PartitionedProgram, names: frozenset[str]) -> tuple[PartitionedProgram, list[str]]:

@@ -30,6 +30,8 @@ class StageRecord:
     # the OS does not say, or for a stage the cache gave).
     rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
+    # The peak of the process's own memory (the resident set less mapped files' pages), sampled.
+    peak_anonymous_bytes: int | None = None
     # What the stage itself reported (e.g. the fold stage's constants created), and the same in
     # words (each by the stage's declared `Metric`), for the notes column.
     metrics: Mapping[str, Any] = attrs.field(factory=dict)
@@ -54,17 +56,23 @@ def counted(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def memory_cell(held: int | None, peak: int | None) -> str:
-    """What a stage left resident and the peak it reached, in GB ("-" where unknown)."""
+def memory_cell(held: int | None, peak: int | None, anonymous: int | None = None) -> str:
+    """What a stage left resident and the peak it reached, and of that its own memory (less
+    mapped files), in GB ("-" where unknown)."""
     if held is None:
         return "-"
-    return f"{held / GB:.2f} (peak {peak / GB:.2f})" if peak is not None else f"{held / GB:.2f}"
+    if peak is None:
+        return f"{held / GB:.2f}"
+    return f"{held / GB:.2f} (peak {peak / GB:.2f}" + (f", own {anonymous / GB:.2f})" if anonymous else ")")
 
 
 def _peak_cell(records: Sequence[StageRecord]) -> str:
-    """The highest peak of the stages' ("" where none was measured)."""
+    """The highest peak of the stages' and of their own memory ("" where none was measured)."""
     peaks = [r.peak_rss_bytes for r in records if r.peak_rss_bytes is not None]
-    return f"peak {max(peaks) / GB:.2f}" if peaks else ""
+    anonymous = [r.peak_anonymous_bytes for r in records if r.peak_anonymous_bytes]
+    if not peaks:
+        return ""
+    return f"peak {max(peaks) / GB:.2f}" + (f", own {max(anonymous) / GB:.2f}" if anonymous else "")
 
 
 def kib(n: int) -> str:
@@ -163,7 +171,7 @@ class Report:
                 _cell(r.nodes_out),
                 _cell(r.delegates),
                 _cell(r.cpu_ops),
-                memory_cell(r.rss_bytes, r.peak_rss_bytes),
+                memory_cell(r.rss_bytes, r.peak_rss_bytes, r.peak_anonymous_bytes),
                 "; ".join(([_cached_phrase(r)] if r.cached else []) + list(r.notes)),
             ]
             for r in self.stages

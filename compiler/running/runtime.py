@@ -17,6 +17,7 @@ from compiler import backends
 from compiler.process.dependency_output import DependencyOutput
 from compiler.ir.artifacts import ExecutorchProgram
 from compiler.ir.errors import InsufficientMemory, UnsupportedByRuntime, UserInputError
+from compiler.ir.mapped import cast_into_file, is_mapped, pages_released_as_it_runs
 from compiler.ir.kernels import load_llm_kernels, load_quantized_kernels
 from compiler.ir.program_data import ProgramData, data_file_path, delegate_payload, flatbuffer_program
 from compiler.ir.targets import BY_DELEGATE_ID
@@ -479,7 +480,7 @@ class _DtypesComputed(TorchDispatchMode):
 
 def _eager_computing(module: Any, inputs: Sequence[Any]) -> tuple[list[torch.Tensor], torch.dtype | None]:
     """`_eager_writing`'s outputs, and the least precise floating dtype of any value it computed."""
-    with _DtypesComputed() as computed:
+    with _DtypesComputed() as computed, pages_released_as_it_runs(module):
         outputs = _eager_writing(module, inputs)
     return outputs, _least_precise(computed.dtypes)
 
@@ -489,12 +490,20 @@ def cast_copy(module: torch.nn.Module, inputs: Sequence[Any], dtype: torch.dtype
     import copy
 
     cast = pytree.tree_map_only(torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, tuple(inputs))
-    copied = copy.deepcopy(module)
+    # Weights the copy need not hold again: integer ones (quantized codes) are shared, and mapped
+    # floating ones are cast into mapped files of their own (an 8B checkpoint is not read into memory).
+    memo: dict[int, Any] = {}
+    for param in module.parameters():
+        if not param.is_floating_point():
+            memo[id(param)] = param
+        elif is_mapped(param):
+            memo[id(param)] = torch.nn.Parameter(cast_into_file(param, dtype), requires_grad=False)
+    copied = copy.deepcopy(module, memo)
     # Cast in place, not `.to(dtype)`, which puts new buffers in the module: state held elsewhere
     # too (a transformers static cache's layers hold its key and value tensors) would stay in the
     # old dtype and the two would no longer be one.
     for tensor in [*copied.parameters(), *copied.buffers()]:
-        if tensor.is_floating_point():
+        if tensor.is_floating_point() and tensor.dtype != dtype:
             tensor.data = tensor.data.to(dtype)
     return copied, cast
 

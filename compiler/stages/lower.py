@@ -20,6 +20,7 @@ from compiler.process.collector import collect
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG, legalize_in_place
 from compiler.ir.placement import PlacementPlan
+from compiler.ir.mapped import ReleaseEvery
 from compiler.ir.program_data import SPILL_BLOB_BYTES, spill_directory
 from compiler.ir.private_api import (
     blobs_spilled,
@@ -69,7 +70,7 @@ class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
             stack.enter_context(ctx.program_checks_skipped())
             # Each weight a payload stores as named data goes to a file as it is made: held in
             # memory, the payloads would be a second copy of the weights until emit.
-            stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES))
+            stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES, ReleaseEvery().count))
             lowered = to_backend(spec)[METHOD]
         # `to_backend` deep-copies each partition's program, weights included, for the
         # backend's `preprocess`, whose passes keep the copy in reference cycles. Left to the

@@ -14,6 +14,7 @@ class Partition(Stage, takes=EdgeProgram, returns=PartitionedProgram):
         Metric("search_from_dry_run", "flag", lambda _: "the dry run's partition search of this very program"),
         Metric("program_state", "text",
                lambda names: f"kept state other methods write the program's (not a delegate's constant): {names}"),
+        Metric.plain("split", "text"),
     )
 
     def apply(self, edge: EdgeProgram, ctx: StageContext) -> PartitionedProgram:
@@ -22,6 +23,8 @@ class Partition(Stage, takes=EdgeProgram, returns=PartitionedProgram):
             partitioned = edge.searched
         else:
             partitioned = partition(edge, ctx.backend, ctx.program_state)
+        if partitioned.split_notes:
+            ctx.metrics["split"] = "; ".join(partitioned.split_notes)
         partitioned, kept = keep_program_state(partitioned, ctx.program_state)
         if kept:
             ctx.metrics["program_state"] = ", ".join(kept)

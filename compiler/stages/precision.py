@@ -48,6 +48,7 @@ from torch.utils import _pytree as pytree
 from compiler.backends.base import Backend
 from compiler.ir.artifacts import AtenProgram
 from compiler.ir.errors import UserInputError
+from compiler.ir.mapped import cast_into_file, is_mapped
 from compiler.ir.graph import copy_program
 from compiler.ir.invariants import plain_tensor
 from compiler.ir.targets import BY_NAME
@@ -148,7 +149,7 @@ def _convert_constants(ep: ExportedProgram, changed: frozenset, dtype: torch.dty
             if not plain_tensor(value) or value.dtype not in changed:
                 continue
             if id(value) not in converted:
-                new = value.detach().to(dtype)
+                new = cast_into_file(value, dtype) if is_mapped(value) else value.detach().to(dtype)
                 if isinstance(value, torch.nn.Parameter):
                     new = torch.nn.Parameter(new, requires_grad=value.requires_grad)
                 converted[id(value)] = new

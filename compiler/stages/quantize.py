@@ -26,6 +26,8 @@ from compiler import backends
 from compiler.ir import targets
 from compiler.ir.artifacts import EagerModel
 from compiler.ir.errors import UserInputError
+from compiler.ir.mapped import pages_released_as_it_runs
+from compiler.passes.mapped_quantization import quantize_layers
 from compiler.stages import schemes
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import QuantizeOptions
@@ -161,7 +163,7 @@ def _observe_calls(model: EagerModel) -> _Calls:
         if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
     ]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), pages_released_as_it_runs(model.module):
             model.module(*model.example_inputs)
     finally:
         for hook in hooks:
@@ -191,21 +193,16 @@ def _quantize_layers(
 ) -> None:
     """TorchAO's config on the modules `kind` picks but those `why_not` names a reason for,
     which are left in float, each with why in `left`."""
-    from torchao.quantization import quantize_
-    from torchao.utils import unwrap_tensor_subclass
-
-    def take(layer: torch.nn.Module, fqn: str) -> bool:
+    taken: list[str] = []
+    for fqn, layer in module.named_modules():
         if not kind(layer):
-            return False
+            continue
         why = why_not(layer, fqn)
         if why:
             left[fqn or type(layer).__name__] = why
-        return why is None
-
-    quantize_(module, config, filter_fn=take)
-    # Quantized weights as plain tensors (parametrized), as ExecuTorch's recipes leave them:
-    # capture then lifts ordinary constants, which the stage cache and stage files can hash and save.
-    unwrap_tensor_subclass(module)
+        else:
+            taken.append(fqn)
+    quantize_layers(module, config, taken)
 
 
 def quantize_model(model: EagerModel, options: QuantizeOptions, backend: str) -> tuple[torch.nn.Module, dict]:

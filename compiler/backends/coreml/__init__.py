@@ -20,6 +20,7 @@ plus `minimum_deployment_target` (a `coremltools.target` or its name, e.g.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from typing import Any, Iterable, Optional
@@ -37,7 +38,7 @@ from executorch.exir.backend.partitioner import DelegationSpec
 
 from compiler.reporting import progress
 from compiler.backends.base import Backend, BackendPartition, KeepWhole
-from compiler.backends.coreml import conversion, payload, quantized, rank, rules, search
+from compiler.backends.coreml import conversion, payload, pieces, quantized, rank, rules, search
 from compiler.backends.coreml.conversion import CoreMLConversionError
 from compiler.process.collector import collect
 from compiler.ir.dialect import op_name
@@ -61,13 +62,14 @@ STAGE = "partition"
 logger = logging.getLogger(__name__)
 
 
-def _reproducible(payload_bytes: bytes) -> bytes:
-    """`payload.reproducible`, after a collection: coremltools leaves the program it converted
-    (its weights included) in reference cycles, and the rewrite makes a copy of the payload.
-    Freed first, that program makes room for the copy instead of the copy raising the peak
-    (Core ML, depth-24 stack: the lower stage's peak heap 261 MB -> 227 MB; stock's 229)."""
+def _reproducible(result: Any) -> Any:
+    """The result with `payload.reproducible` bytes, after a collection: coremltools leaves the
+    program it converted (its weights included) in reference cycles, and the rewrite makes a copy
+    of the payload. Freed first, that program makes room for the copy instead of the copy raising
+    the peak (Core ML, depth-24 stack: the lower stage's peak heap 261 MB -> 227 MB; stock's 229).
+    A large payload then becomes the program's named data (`payload.stored_as_named_data`)."""
     collect()
-    return payload.reproducible(payload_bytes)
+    return payload.stored_as_named_data(dataclasses.replace(result, processed_bytes=payload.reproducible(result.processed_bytes)))
 
 
 class CoreMLRefusal(CompileError):
@@ -189,7 +191,10 @@ class CoreMLBackend(Backend):
         lower_full_graph: bool = False,
         minimum_deployment_target: Any = None,
         compute_precision: Any = None,
+        piece_weight_mb: int = pieces.PIECE_WEIGHT_BYTES >> 20,
     ) -> None:
+        """`piece_weight_mb`: a partition holding more weights is cut into pieces holding about
+        this many MiB each, which coremltools converts one at a time (0: never cut)."""
         skipped = list(skip_ops_for_coreml_delegation or [])
         if lower_full_graph and (skipped or not take_over_constant_data or not take_over_mutable_buffer):
             raise UserInputError(
@@ -212,6 +217,7 @@ class CoreMLBackend(Backend):
         self.take_over_mutable_buffer = take_over_mutable_buffer
         self.take_over_constant_data = take_over_constant_data
         self.lower_full_graph = lower_full_graph
+        self.piece_weight_bytes = int(piece_weight_mb) << 20
         self.rule_context = rules.RuleContext(
             minimum_deployment_target=_target_from_specs(specs),
             skipped_ops=frozenset(rules.normalise_op_name(op) for op in skipped),
@@ -300,6 +306,11 @@ class CoreMLBackend(Backend):
         result = search.search(program, context, self.take_over_constant_data, self.take_over_mutable_buffer)
         if self.lower_full_graph:
             self._refuse_any_cpu_op(program, result)
+        notes: list[str] = []
+        # A piece past the first reads no model input; before iOS 18 such a model is refused.
+        if self.piece_weight_bytes and context.ios18 and not self.lower_full_graph:
+            cut, notes = pieces.cut(program, result.partitions, self.piece_weight_bytes)
+            result = attrs.evolve(result, partitions=cut)
         tags = search.tag(result)
         copied = search.copy_size_reads(program)
         if copied:
@@ -309,7 +320,7 @@ class CoreMLBackend(Backend):
         if self.take_over_mutable_buffer:
             self._tag_state(program, context)
         reasons = {node.name: reason for node, reason in result.refused.items()}
-        return BackendPartition({t: delegation_spec for t in tags}, reasons)
+        return BackendPartition({t: delegation_spec for t in tags}, reasons, tuple(notes))
 
     def _refuse_any_cpu_op(self, program: ExportedProgram, result: search.SearchResult) -> None:
         inside = {n for p in result.partitions for n in p.nodes}

@@ -34,7 +34,7 @@ from executorch.exir.lowered_backend_module import LoweredBackendModule, get_low
 from compiler.backends.coreml import payload
 from compiler.ir.artifacts import LoweredProgram
 from compiler.ir.graph import copy_program
-from compiler.ir.private_api import named_data_store
+from compiler.ir.private_api import delegate_named_data, named_data_store
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ def share_weights(lowered: Mapping[str, LoweredProgram]) -> dict[str, LoweredPro
         if not _shares_a_weight(list(modules.values())):
             logger.info("coreml: the methods' Core ML delegates %d share no weight: each keeps its own model", position)
             continue
-        data = _joined({method: module.processed_bytes for method, module in modules.items()})
+        data = _joined({method: payload.stored_model(module.processed_bytes, delegate_named_data(module))
+                        for method, module in modules.items()})
         if data is None:
             logger.info("coreml: Core ML delegates %d are compiled models, which cannot be joined", position)
             continue

@@ -8,18 +8,19 @@ backend built is checked here, in the payload: the payload is a flattened
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import pathlib
 import tempfile
 import uuid
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import attrs
 
 from compiler.ir.invariants import register_payload_check
-from compiler.ir.private_api import deserialize_pte
+from compiler.ir.private_api import deserialize_pte, named_data_store
 
 
 BACKEND_ID = "CoreMLBackend"
@@ -159,8 +160,8 @@ def ops_adding_an_epsilon(model: CoreMLModel) -> list[str]:
 
 
 @register_payload_check(BACKEND_ID, "a Core ML payload computes f(x + epsilon) where the program computes f(x)")
-def payload_adds_no_epsilon(payload: bytes) -> list[str]:
-    return ops_adding_an_epsilon(read_model(payload))
+def payload_adds_no_epsilon(processed: bytes, named: Mapping[str, bytes]) -> list[str]:
+    return ops_adding_an_epsilon(read_model(stored_model(processed, named)))
 
 
 # A delegate's processed bytes that name a model stored as the program's named data instead of
@@ -173,6 +174,32 @@ REFERENCE_MAGIC = b"CMJR"
 def reference(key: str, function: str) -> bytes:
     """The processed bytes of a delegate running `function` of the model stored under `key`."""
     return REFERENCE_MAGIC + json.dumps({"version": 1, "key": key, "functionName": function}).encode()
+
+
+def stored_model(processed: bytes, named: Mapping[str, bytes]) -> bytes:
+    """The model a delegate's processed bytes hold, or the one they reference in `named`."""
+    link = read_reference(processed)
+    return processed if link is None else bytes(named[link["key"]])
+
+
+# A payload of at least this many bytes is stored as the program's named data, its delegate
+# holding a reference: the lowering writes it to a file as it is made instead of holding every
+# piece's model until the program is emitted (a 4-bit 8B model: 4.5 GB of payloads).
+STORED_PAYLOAD_BYTES = 8 << 20
+
+
+def stored_as_named_data(result: Any) -> Any:
+    """A `PreprocessResult` whose large payload becomes the named data it carries (keyed by
+    its digest), its processed bytes a reference to it. ExecuTorch's Core ML runtime reads such
+    a reference for any model (since 1.2), ignoring the function name for a model of one
+    function; a program of several methods (stock's multifunction models) keeps its own."""
+    data = result.processed_bytes
+    if len(data) < STORED_PAYLOAD_BYTES or result.data_store_output is not None:
+        return result
+    key = "coreml_" + hashlib.sha256(data).hexdigest()[:32]
+    store = named_data_store()
+    store.add_named_data(key, data)
+    return dataclasses.replace(result, processed_bytes=reference(key, "main"), data_store_output=store.get_named_data_store_output())
 
 
 def read_reference(processed: bytes) -> dict | None:

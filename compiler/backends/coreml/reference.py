@@ -34,7 +34,8 @@ class CoreMLDelegate:
         link = read_reference(payload)
         function = "main" if link is None else link["functionName"]
         program, metadata = load_payload(payload if link is None else bytes(executor.named_data[link["key"]]))
-        metadata = metadata if link is None else {**metadata, **metadata["methods"][function]}
+        if "methods" in metadata:  # a multifunction model: this delegate's function
+            metadata = {**metadata, **metadata["methods"][function]}
         self.interpreter = MilInterpreter(program, function)
         self.input_names = list(metadata.get("inputNames", self.interpreter.input_names))
         self.output_names = list(metadata.get("outputNames", self.interpreter.output_names))

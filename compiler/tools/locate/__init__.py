@@ -30,6 +30,7 @@ from compiler.tools.locate import compare, cut, emitted, nodes, refused, stages
 from compiler.tools.locate.programs import run_eager, run_exported, user_leaves
 from compiler.tools.locate.report import Divergence, Location, StageError, Step
 from compiler.tools.locate.pte import locate_program
+from compiler.ir.private_api import delegate_named_data
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +138,7 @@ def _inside_delegate(finding, result, backend, good, good_run, bad, bad_run, inp
     hook = backends.intermediate_values(lowered.backend_id)
     if hook is not None:
         given = [bad_run.values[a.name] for a in call.args[1:] if isinstance(a, torch.fx.Node)]
-        named = dict(getattr(lowered.named_data_store_output, "pte_data", None) or {})
-        buffers = getattr(lowered.named_data_store_output, "buffers", None) or []
-        data = {key: bytes(buffers[entry.buffer_index]) for key, entry in named.items()}
+        data = delegate_named_data(lowered)
         try:
             values = hook(lowered.processed_bytes, given, data, program=lowered.original_module)
             found_by = f"the {lowered.backend_id} payload's intermediate values"

@@ -35,6 +35,7 @@ from compiler.tools.locate.programs import (
     PayloadRefused, ProgramRun, least_precise, placeholder_values, run_exported, user_leaves,
 )
 from compiler.tools.locate.report import Divergence
+from compiler.ir.private_api import delegate_named_data
 
 logger = logging.getLogger(__name__)
 
@@ -255,9 +256,7 @@ def _read_payloads(program: ExportedProgram, split: Any, run: ProgramRun, backen
         values = None
         if hook is not None:
             given = [run.values[a.name] for a in call.args[1:] if isinstance(a, torch.fx.Node)]
-            store = module.named_data_store_output
-            buffers = getattr(store, "buffers", None) or []
-            data = {key: bytes(buffers[entry.buffer_index]) for key, entry in dict(getattr(store, "pte_data", None) or {}).items()}
+            data = delegate_named_data(module)
             try:
                 values = hook(module.processed_bytes, given, data, program=module.original_module)
             except CompileError as exc:

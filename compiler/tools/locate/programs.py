@@ -23,6 +23,7 @@ from torch.utils import _pytree as pytree
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
 from compiler.ir.errors import CompileError, UserInputError
+from compiler.ir.private_api import delegate_named_data
 
 logger = logging.getLogger(__name__)
 
@@ -158,10 +159,7 @@ class _PayloadRunner:
     size): as the reference executor runs it, each output in the program's dtype."""
 
     def __init__(self, lowered: Any, runner: type) -> None:
-        store = lowered.named_data_store_output
-        named = dict(getattr(store, "pte_data", None) or {})
-        buffers = getattr(store, "buffers", None) or []
-        executor = _Executor({key: bytes(buffers[entry.buffer_index]) for key, entry in named.items()})
+        executor = _Executor(delegate_named_data(lowered))
         self.run = runner(bytes(lowered.processed_bytes), executor)
         outputs = lowered.original_module.graph.output_node().args[0]
         self.dtypes = [getattr(n.meta.get("val"), "dtype", None) if isinstance(n, torch.fx.Node) else None for n in outputs]

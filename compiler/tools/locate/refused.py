@@ -19,6 +19,7 @@ from compiler.ir.errors import CompileError
 from compiler.tools.locate import nodes
 from compiler.tools.locate.programs import PayloadRefused
 from compiler.tools.locate.report import Divergence, Step
+from compiler.ir.private_api import delegate_named_data
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +41,7 @@ def located(refused: PayloadRefused, sources: Sequence[Any]) -> tuple[Divergence
     mapper = _mapper(lowered.backend_id)
     found = None
     if mapper is not None:
-        store = lowered.named_data_store_output
-        named = dict(getattr(store, "pte_data", None) or {})
-        buffers = getattr(store, "buffers", None) or []
-        data = {key: bytes(buffers[entry.buffer_index]) for key, entry in named.items()}
+        data = delegate_named_data(lowered)
         try:
             found = mapper(lowered.processed_bytes, refusal, data, program=program)
         except CompileError as exc:
