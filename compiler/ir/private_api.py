@@ -440,6 +440,24 @@ def mlx_nearest_source_indices(in_size: int, out_size: int, scale: float | None)
     return _nearest_source_indices(in_size, out_size, scale)
 
 
+@contextlib.contextmanager
+def mlx_made_constants_moved(move: Callable[[Any], Any]) -> Iterator[None]:
+    """While the block runs, each constant MLX's program builder makes while it lowers (a
+    quantized weight packed, a scale regrouped: `MLXProgramBuilder.make_or_get_constant`, kept
+    in its `extra_constants` until the named data is written) is `move(tensor)` instead, in
+    every thread. Checked against executorch 1.5.1."""
+    from executorch.backends.mlx.builder.program_builder import MLXProgramBuilder
+
+    def wrap(original: Callable) -> Callable:
+        def call(builder: Any, name: str, tensor: Any) -> Any:
+            return original(builder, name, move(tensor))
+
+        return call
+
+    with _replaced(MLXProgramBuilder, "make_or_get_constant", wrap):
+        yield
+
+
 def mlx_build_recording_nodes(program: ExportedProgram, named_data_key_prefix: str) -> tuple[Any, dict, dict]:
     """Build `program` with stock's `MLXProgramBuilder` as `MLXBackend.preprocess` does, and
     record what the payload does not keep: (the MLXGraph, node name -> how many main-chain

@@ -307,8 +307,7 @@ class CoreMLBackend(Backend):
         if self.lower_full_graph:
             self._refuse_any_cpu_op(program, result)
         notes: list[str] = []
-        # A piece past the first reads no model input; before iOS 18 such a model is refused.
-        if self.piece_weight_bytes and context.ios18 and not self.lower_full_graph:
+        if self.piece_weight_bytes and not self.lower_full_graph:
             cut, notes = pieces.cut(program, result.partitions, self.piece_weight_bytes)
             result = attrs.evolve(result, partitions=cut)
         tags = search.tag(result)

@@ -39,8 +39,9 @@ def _constant_bytes(program: ExportedProgram) -> dict[str, int]:
 
 
 def _state_nodes(program: ExportedProgram) -> list[list[torch.fx.Node]]:
-    """For each mutable buffer, the nodes using it: its readers, its writer and what reads the
-    written value."""
+    """For each mutable float buffer (what Core ML may take over as state; an integer one, a
+    cache's position counter, stays the CPU's and is passed to whichever piece reads it), the
+    nodes using it: its readers, its writer and what reads the written value."""
     signature = program.graph_signature
     nodes = {n.name: n for n in program.graph.nodes}
     writers = {target: name for name, target in signature.buffers_to_mutate.items()}
@@ -48,12 +49,22 @@ def _state_nodes(program: ExportedProgram) -> list[list[torch.fx.Node]]:
     for spec in signature.input_specs:
         if spec.kind is not InputKind.BUFFER or spec.target not in writers:
             continue
+        value = program.state_dict.get(spec.target, program.constants.get(spec.target))
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            continue
         using = [u for u in nodes[spec.arg.name].users if u.op == "call_function"]
         writer = nodes.get(writers[spec.target])
         if writer is not None and writer.op == "call_function":
             using += [writer, *(u for u in writer.users if u.op == "call_function")]
         groups.append(using)
     return groups
+
+
+def _reads_a_value(piece: list[torch.fx.Node], constants: dict[str, int]) -> bool:
+    """Whether the piece reads something other than its own nodes and weights (an input, a
+    buffer or another delegate's output)."""
+    inside = set(piece)
+    return any(a not in inside and a.name not in constants for node in piece for a in node.all_input_nodes)
 
 
 def cut(program: ExportedProgram, partitions: tuple[Partition, ...], limit: int = PIECE_WEIGHT_BYTES
@@ -99,8 +110,8 @@ def cut(program: ExportedProgram, partitions: tuple[Partition, ...], limit: int 
                 pieces.append(nodes[start : index + 1])
                 start, held = index + 1, 0
         pieces.append(nodes[start:])
-        if len(pieces) == 1:
-            result.append(partition)
+        if len(pieces) == 1 or not all(_reads_a_value(piece, sizes) for piece in pieces):
+            result.append(partition)  # (a piece of constants alone: a model without inputs needs iOS 18)
             continue
         result.append(Partition(partition.id, pieces[0]))
         for piece in pieces[1:]:

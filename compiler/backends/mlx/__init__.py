@@ -25,8 +25,10 @@ from compiler.ir import dynamic
 from compiler.ir.dialect import op_name
 from compiler.ir.graph import DELEGATION_TAG, state_not_starting_at_zero
 from compiler.ir.placement import DELEGATED_REASON
+from compiler.ir.mapped import SPILL_TENSOR_BYTES, ReleaseEvery, is_mapped, mapped_bytes, spilled
 from compiler.ir.private_api import (
     mlx_include_sym_size_nodes,
+    mlx_made_constants_moved,
     mlx_unsupported_reasons,
     preprocess_copies_share_tensors,
 )
@@ -176,14 +178,31 @@ class MLXBackend(Backend):
     def lowering(self, dependency_checks: bool = False):
         """Stock's handlers run again in `preprocess`, with the same replacements as in the search;
         the program MLX's preprocess gets shares the partition's weights, which it only reads
-        into the named data (`preprocess_copies_share_tensors`)."""
+        into the named data (`preprocess_copies_share_tensors`); the constants its builder makes
+        of mapped weights (packed codes) are written to mapped files as they are made, and the
+        pages it read of the mapped weights dropped as it goes (`_made_constant_moved`)."""
         stack = contextlib.ExitStack()
         stack.enter_context(handlers.dynamic_sizes_inferred())
         stack.enter_context(preprocess_copies_share_tensors())
+        stack.enter_context(mlx_made_constants_moved(_made_constant_moved(ReleaseEvery())))
         return stack
 
     def default_cpu_reason(self, node: torch.fx.Node) -> str:
         return f"MLX's partitioner left {op_name(node.target)} out of every delegate (it gave no reason)"
+
+
+def _made_constant_moved(release: ReleaseEvery):
+    """A large constant the builder made while mapped weights are about (a real-size model read
+    from its checkpoint), written to a mapped file: a 4-bit 8B model's packed codes are 4.5 GB."""
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        size = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
+        if size < SPILL_TENSOR_BYTES or not mapped_bytes() or is_mapped(tensor):
+            return tensor
+        release.count(size)
+        return spilled([tensor])[0]
+
+    return move
 
 
 __all__ = ["DELEGATE_ID", "MLXBackend", "MLXSetupError"]
