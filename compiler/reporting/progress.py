@@ -40,3 +40,28 @@ def listen(listener: StepListener) -> contextvars.Token:
 
 def stop_listening(token: contextvars.Token) -> None:
     _listener.reset(token)
+
+
+def report(desc: str, done: int, total: int | None = None) -> None:
+    """Tell the listener how far work that is not a loop over an iterable got."""
+    listener = _listener.get()
+    if listener:
+        listener(desc, done, total)
+
+
+class WeightsWritten:
+    """Counts the weights a stage writes out as it makes them (the blobs of a lowering, the
+    constants of the program): the running stage's line says how many MB of about `total` bytes
+    are written, and the mapped weights they were made of leave the resident set as it goes."""
+
+    def __init__(self, total: int | None = None) -> None:
+        from compiler.ir.mapped import ReleaseEvery
+
+        self.total = total
+        self.done = 0
+        self._release = ReleaseEvery()
+
+    def __call__(self, size: int) -> None:
+        self.done += size
+        self._release.count(size)
+        report("MB of weights written", self.done >> 20, (self.total >> 20) if self.total else None)

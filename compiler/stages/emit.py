@@ -27,8 +27,8 @@ from compiler.ir.private_api import (
     delegate_outputs_from_call_sites,
     deserialize_pte,
 )
-from compiler.ir.mapped import ReleaseEvery
 from compiler.ir.program_data import CONFIG_METHOD, SPILL_BLOB_BYTES, ProgramData, spill_directory
+from compiler.reporting.progress import WeightsWritten
 from compiler.reporting.report import Metric, counted, kib
 from compiler.stages.base import Stage, StageContext
 from compiler.stages.options import EmitOptions, constant_method_values
@@ -199,7 +199,7 @@ def emit_programs(
             stack.enter_context(delegate_outputs_from_call_sites(program.graph_module))
             stack.enter_context(fresh_symbols_dropped(program))  # the copies share the lowered programs' ShapeEnv
         # The CPU's weights go to files as the emitter stores them, as the delegates' did in lower.
-        stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES, ReleaseEvery().count))
+        stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES, WeightsWritten()))
         stack.enter_context(data_dependent_strides_ordered())
         emitted = manager.to_executorch(config)
     # The plans as emitted: reading them back from the bytes would copy every payload again.

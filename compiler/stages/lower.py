@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from torch.export import ExportedProgram
 
 from executorch.exir.backend.backend_api import MethodProgramsPartitionerSpec, to_backend
@@ -20,7 +21,6 @@ from compiler.process.collector import collect
 from compiler.ir.artifacts import LoweredProgram, SplitProgram
 from compiler.ir.graph import DELEGATION_TAG, legalize_in_place
 from compiler.ir.placement import PlacementPlan
-from compiler.ir.mapped import ReleaseEvery
 from compiler.ir.program_data import SPILL_BLOB_BYTES, spill_directory
 from compiler.ir.private_api import (
     blobs_spilled,
@@ -30,6 +30,7 @@ from compiler.ir.private_api import (
 )
 from compiler.stages.base import Stage, StageContext
 from compiler.ir.artifacts import METHOD
+from compiler.reporting.progress import WeightsWritten
 from compiler.reporting.report import Metric
 
 
@@ -47,6 +48,12 @@ class ReplayPartitioner(Partitioner):
             if node.name in tags:
                 node.meta[DELEGATION_TAG] = tags[node.name]
         return PartitionResult(exported_program, dict(self.plan.partitions))
+
+
+def _constant_bytes(program) -> int:
+    """What the program's weights and constant buffers hold: about what its payloads will."""
+    tensors = {id(t): t for t in (*program.state_dict.values(), *program.constants.values()) if isinstance(t, torch.Tensor)}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
@@ -70,7 +77,8 @@ class Lower(Stage, takes=SplitProgram, returns=LoweredProgram):
             stack.enter_context(ctx.program_checks_skipped())
             # Each weight a payload stores as named data goes to a file as it is made: held in
             # memory, the payloads would be a second copy of the weights until emit.
-            stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES, ReleaseEvery().count))
+            written = WeightsWritten(_constant_bytes(partitioned.program))
+            stack.enter_context(blobs_spilled(spill_directory(), SPILL_BLOB_BYTES, written))
             lowered = to_backend(spec)[METHOD]
         # `to_backend` deep-copies each partition's program, weights included, for the
         # backend's `preprocess`, whose passes keep the copy in reference cycles. Left to the

@@ -150,3 +150,18 @@ def test_a_compile_from_a_checkpoint_stays_within_the_streaming_bound(folder, tm
     stages = ", ".join(f"{s} {(p or 0) / 2**20:.0f}" for s, p in measured["stages"].items())
     bound = weights // 2 + (128 << 20)
     assert over < bound, f"{over / 2**20:.0f} MiB over the baseline for {weights / 2**20:.0f} MiB of weights ({stages})"
+
+
+def test_the_running_stage_says_how_much_of_the_weights_is_written():
+    """A real-size lowering is minutes of writing weights: its line counts them."""
+    from compiler.reporting import progress
+
+    steps = []
+    token = progress.listen(lambda desc, done, total: steps.append((desc, done, total)))
+    try:
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(3)]).eval()
+        compiler.compile(model, (torch.randn(2, 1024),), "xnnpack", cache=False)
+    finally:
+        progress.stop_listening(token)
+    written = [(done, total) for desc, done, total in steps if desc == "MB of weights written"]
+    assert written and written[-1][0] >= 11 and written[-1][1] == 12  # three 4 MiB weights and their biases
