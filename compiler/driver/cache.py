@@ -125,6 +125,8 @@ def program_digest(program: Any) -> str:
     state_dict and constant tensor (name, dtype, shape and bytes)."""
     import torch
 
+    from compiler.ir.mapped import ReleaseEvery
+
     digest = hashlib.sha256()
 
     def put(text: str) -> None:
@@ -140,6 +142,7 @@ def program_digest(program: Any) -> str:
     put(str(program.graph_signature))
     put(repr([str(entry.signature) for entry in program.module_call_graph]))
     put(repr(sorted((str(k), str(v)) for k, v in program.range_constraints.items())))
+    release = ReleaseEvery()  # the mapped weights hashed leave the resident set as it goes
     for kind, tensors in (("state", program.state_dict), ("constant", program.constants)):
         for name in sorted(tensors):
             value = tensors[name]
@@ -147,6 +150,7 @@ def program_digest(program: Any) -> str:
             if isinstance(value, torch.Tensor):
                 put(_value_text(value))
                 digest.update(_tensor_bytes(value))
+                release.count(value.numel() * value.element_size())
             else:
                 raise ValueError(f"constant {name!r} is a {type(value).__name__}, which has no content hash")
     return digest.hexdigest()

@@ -53,6 +53,7 @@ def _tensor_view(tensor: "torch.Tensor") -> memoryview:
 class WeightStore:
     def __init__(self, cache_directory: str | os.PathLike) -> None:
         self.directory = os.path.join(os.fspath(cache_directory), FOLDER)
+        self._release = None
 
     def path(self, digest: str) -> str:
         return os.path.join(self.directory, digest)
@@ -101,7 +102,11 @@ class WeightStore:
         """A `storable` tensor's bytes stored; the reference `tensor` takes to map it back."""
         import torch
 
+        from compiler.ir.mapped import ReleaseEvery
+
         name = self.put_bytes(_tensor_view(tensor))
+        self._release = self._release or ReleaseEvery()
+        self._release.count(tensor.numel() * tensor.element_size())  # a mapped weight's pages, read to store it
         return {
             "digest": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
             "parameter": isinstance(tensor, torch.nn.Parameter), "requires_grad": tensor.requires_grad,

@@ -13,7 +13,6 @@ once instead of being lost when its page is dropped.
 from __future__ import annotations
 
 import contextlib
-import logging
 import mmap
 import os
 import tempfile
@@ -25,8 +24,6 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from compiler.ir.program_data import spill_directory
-
-logger = logging.getLogger(__name__)
 
 # Tensors of at least this many bytes are worth a file of their own when a stage makes them.
 SPILL_TENSOR_BYTES = 1 << 20

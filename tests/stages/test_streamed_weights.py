@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 import compiler  # noqa: E402
+import compiler.backends.mlx as mlx_backend  # noqa: E402
 import compiler.passes.mapped_quantization as mapped_quantization  # noqa: E402
 from compiler.ir.artifacts import EagerModel  # noqa: E402
 from compiler.ir.mapped import SPILL_TENSOR_BYTES, is_mapped  # noqa: E402
@@ -72,6 +73,7 @@ def test_a_mapped_checkpoint_compiles_to_the_in_memory_models_program(folder, ba
 
     monkeypatch.setattr(mapped_quantization, "CHUNK_BYTES", 1 << 20)
     monkeypatch.setattr(mapped_quantization, "ROWS_BYTES", 1 << 18)
+    monkeypatch.setattr(mlx_backend, "SPILL_TENSOR_BYTES", 1 << 16)  # MLX's packed codes to files too
     options = {"cache": False, "quantize": scheme, "quantize_embedding": "4w" if backend == "xnnpack" and scheme else None}
     if backend == "coreml":
         options["backend_options"] = {"piece_weight_mb": 1}
