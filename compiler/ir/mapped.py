@@ -94,7 +94,9 @@ def mapped_bytes() -> int:
 
 def release_mapped_pages() -> None:
     """Drop every mapped page from the resident set; the next read of a weight maps it again."""
-    for mapping in list(_maps):
+    with _lock:
+        maps = list(_maps)
+    for mapping in maps:
         try:
             mapping.madvise(mmap.MADV_DONTNEED)
         except (ValueError, OSError):  # closed, or an OS without it
