@@ -37,20 +37,17 @@ def quantize_layers(module: torch.nn.Module, config: Any, fqns: list[str]) -> No
     from torchao.utils import unwrap_tensor_subclass
 
     layers = dict(module.named_modules())
-    if not any(is_mapped(layers[fqn].weight) for fqn in fqns):
-        if fqns:
-            chosen = frozenset(fqns)
-            quantize_(module, config, filter_fn=lambda layer, fqn: fqn in chosen)
-            unwrap_tensor_subclass(module)
-        return
-    for chunk in _chunks(fqns, layers):
+    mapped = any(is_mapped(layers[fqn].weight) for fqn in fqns)
+    # A model held in memory gains nothing from chunks: one pass, as TorchAO does it.
+    for chunk in _chunks(fqns, layers) if mapped else [fqns] if fqns else []:
         whole = [fqn for fqn in chunk if not _by_rows(layers[fqn], config)]
         if whole:
             chosen = frozenset(whole)
             quantize_(module, config, filter_fn=lambda layer, fqn: fqn in chosen)
         unwrap_tensor_subclass(module)
-        _spill_new_tensors(layers[fqn] for fqn in chunk)
-        release_mapped_pages()
+        if mapped:
+            _spill_new_tensors(layers[fqn] for fqn in chunk)
+            release_mapped_pages()
 
 
 def _chunks(fqns: list[str], layers: dict[str, torch.nn.Module]) -> list[list[str]]:
